@@ -1,0 +1,11 @@
+"""jaxdist: communication-efficient data-parallel training for JAX.
+
+Compressed collectives, less-frequent synchronisation and delay-tolerant SGD as
+optax gradient transformations that communicate over named worker axes.
+"""
+
+from jaxdist import comm, data, models, runtime, sync, train
+
+__version__ = '0.1.0'
+
+__all__ = ["comm", "data", "models", "runtime", "sync", "train"]

@@ -1,0 +1,39 @@
+"""Collectives over named worker axes and exact bytes-on-the-wire accounting."""
+
+from jaxdist.comm.collectives import (
+  ALL_GATHER,
+  ALL_REDUCE,
+  ALL_TO_ALL,
+  KINDS,
+  PERMUTE,
+  AxisName,
+  Transfer,
+  all_gather,
+  axis_index,
+  axis_size,
+  find_transfers,
+  pmean,
+  psum,
+  total_bytes,
+  transfer,
+  tree_nbytes,
+)
+
+__all__ = [
+  'ALL_GATHER',
+  'ALL_REDUCE',
+  'ALL_TO_ALL',
+  'KINDS',
+  'PERMUTE',
+  'AxisName',
+  'Transfer',
+  'all_gather',
+  'axis_index',
+  'axis_size',
+  'find_transfers',
+  'pmean',
+  'psum',
+  'total_bytes',
+  'transfer',
+  'tree_nbytes',
+]

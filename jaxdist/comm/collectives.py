@@ -1,0 +1,139 @@
+"""Collectives over named axes, with exact accounting of what goes on the wire.
+
+Workers live on one or more named axes: mesh axes of `jax.shard_map` (real
+devices) and `jax.vmap` axes (simulated workers). The wrappers here accept a
+single name or a tuple such as `('data', 'sim')` and behave the same for both
+kinds.
+
+Every collective a transform issues is described by a `Transfer`: the HLO
+collective it lowers to, the bytes each worker contributes (its operand, the
+"payload"), and how many times it ran this step. Kind and size are static
+(pytree metadata, exact Python ints); only the count is traced, so a collective
+inside a skipped `lax.cond` branch counts zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+AxisName = str | tuple[str, ...]
+
+# HLO op names, as they appear in lowered/compiled modules.
+ALL_REDUCE = 'all-reduce'
+ALL_GATHER = 'all-gather'
+ALL_TO_ALL = 'all-to-all'
+PERMUTE = 'collective-permute'
+KINDS = (ALL_REDUCE, ALL_GATHER, ALL_TO_ALL, PERMUTE)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Transfer:
+  """One collective that a transform issues per step.
+
+  Attributes:
+    kind: the HLO collective (`all-reduce`, `all-gather`, `all-to-all`,
+      `collective-permute`). Static.
+    nbytes: bytes each worker puts into the collective (its operand). Static.
+    count: times the collective ran in the last step; 0 where a `lax.cond`
+      skipped it. Per-worker int32.
+  """
+
+  kind: str = dataclasses.field(metadata=dict(static=True))
+  nbytes: int = dataclasses.field(metadata=dict(static=True))
+  count: jax.Array
+
+  def sent_bytes(self, num_workers: int) -> float:
+    """Bytes one worker sends for one run, with a bandwidth-optimal algorithm.
+
+    Ring all-reduce sends 2(N-1)/N of the payload, ring all-gather (N-1) times
+    it, all-to-all (N-1)/N of it, a permute all of it. Other algorithms (tree,
+    parameter server) are the network model's business.
+    """
+    n = num_workers
+    if n <= 1:
+      return 0.0
+    factor = {
+      ALL_REDUCE: 2 * (n - 1) / n,
+      ALL_GATHER: n - 1,
+      ALL_TO_ALL: (n - 1) / n,
+      PERMUTE: 1,
+    }[self.kind]
+    return factor * self.nbytes
+
+
+def transfer(kind: str, nbytes: int, ran: jax.typing.ArrayLike = 1) -> Transfer:
+  """A `Transfer` of `kind` with `nbytes` payload that ran `ran` times."""
+  if kind not in KINDS:
+    raise ValueError(f'kind must be one of {KINDS}, got {kind!r}')
+  return Transfer(kind=kind, nbytes=int(nbytes), count=jnp.asarray(ran, jnp.int32))
+
+
+def tree_nbytes(tree: Any) -> int:
+  """Bytes of all array leaves of `tree` (shapes and dtypes only)."""
+  return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def _names(axis_name: AxisName) -> tuple[str, ...]:
+  return (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+
+
+def axis_size(axis_name: AxisName) -> int:
+  """Number of workers on `axis_name` (static; call inside the mapped step)."""
+  return math.prod(lax.axis_size(n) for n in _names(axis_name))
+
+
+def axis_index(axis_name: AxisName) -> jax.Array:
+  """This worker's index on `axis_name`, row-major over a tuple of axes."""
+  return lax.axis_index(_names(axis_name))
+
+
+def psum(tree: Any, axis_name: AxisName) -> tuple[Any, Transfer]:
+  """Sum of `tree` over workers: one all-reduce of the whole tree."""
+  return lax.psum(tree, _names(axis_name)), transfer(ALL_REDUCE, tree_nbytes(tree))
+
+
+def pmean(tree: Any, axis_name: AxisName) -> tuple[Any, Transfer]:
+  """Mean of `tree` over workers: one all-reduce of the whole tree."""
+  total, sent = psum(tree, axis_name)
+  n = axis_size(axis_name)
+  return jax.tree.map(lambda x: (x / n).astype(x.dtype), total), sent
+
+
+def all_gather(tree: Any, axis_name: AxisName) -> tuple[Any, Transfer]:
+  """Stacks every worker's `tree` along a new leading axis of size N.
+
+  Row i is worker i in `axis_index` order. Over a tuple of axes the gather is
+  nested innermost-first (jax cannot all-gather over a vmap and a mesh axis in
+  one call); the payload is each worker's own tree either way.
+  """
+  names = _names(axis_name)
+
+  def gather(x):
+    for name in reversed(names):
+      x = lax.all_gather(x, name)
+    lead = math.prod(x.shape[: len(names)])
+    return x.reshape((lead, *x.shape[len(names) :]))
+
+  return jax.tree.map(gather, tree), transfer(ALL_GATHER, tree_nbytes(tree))
+
+
+def total_bytes(transfers: Iterable[Transfer], counts: Sequence[int] | None = None) -> int:
+  """Payload bytes of `transfers`, each weighted by its count (or `counts`)."""
+  transfers = list(transfers)
+  if counts is None:
+    counts = [int(t.count) for t in transfers]
+  return sum(t.nbytes * int(c) for t, c in zip(transfers, counts, strict=True))
+
+
+def find_transfers(tree: Any) -> list[Transfer]:
+  """Every `Transfer` inside `tree` (e.g. an optimizer state), in tree order."""
+  leaves = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, Transfer))
+  return [x for x in leaves if isinstance(x, Transfer)]

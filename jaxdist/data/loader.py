@@ -1,0 +1,194 @@
+"""Image classification data from tfds, held in host memory, batched per worker.
+
+`load('digits')` builds the bundled dataset on first use (no download: the
+data ships with scikit-learn). Any other tfds name (`mnist`, `cifar10`, ...)
+is read from its prepared array_record files; with `download=False` (the
+default) an unprepared dataset is an error that says how to prepare it.
+
+The order of batches is a pure function of (seed, step): epoch
+`step // steps_per_epoch` is a fresh permutation seeded by (seed, epoch), so a
+resumed run sees exactly the batches it would have seen. Worker w of W takes
+rows [w·b, (w+1)·b) of each global batch of W·b examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import filelock
+import numpy as np
+import tensorflow_datasets as tfds
+
+from jaxdist.data import digits as digits_lib
+
+BUNDLED = ('digits',)
+_CHUNK = 4096
+
+
+class DatasetError(ValueError):
+  """A dataset that cannot be read as asked; the message says how to fix it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+  """One split in host memory: `images` [n, H, W, C] as stored, `labels` [n] int32."""
+
+  images: np.ndarray
+  labels: np.ndarray
+
+  def __len__(self) -> int:
+    return len(self.labels)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """A train and a test split, standardised per channel with train statistics."""
+
+  name: str
+  train: Split
+  test: Split
+  num_classes: int
+  mean: np.ndarray
+  std: np.ndarray
+
+  @property
+  def image_shape(self) -> tuple[int, ...]:
+    return tuple(self.train.images.shape[1:])
+
+  def normalize(self, images: np.ndarray) -> np.ndarray:
+    """Standardised float32 images."""
+    return ((images.astype(np.float32) - self.mean) / self.std).astype(np.float32)
+
+
+def default_data_dir() -> str:
+  return os.environ.get('TFDS_DATA_DIR', os.path.expanduser('~/tensorflow_datasets'))
+
+
+def load(
+  name: str,
+  *,
+  data_dir: str | None = None,
+  download: bool = False,
+  train_split: str = 'train',
+  test_split: str = 'test',
+) -> Dataset:
+  """Loads a tfds image-classification dataset into memory.
+
+  Args:
+    name: `digits` (bundled, built on first use) or any tfds name prepared in
+      `data_dir` as array_record.
+    data_dir: tfds data directory (default `$TFDS_DATA_DIR` or
+      `~/tensorflow_datasets`).
+    download: let tfds download and prepare a missing dataset (needs the
+      internet, and TensorFlow for most datasets).
+    train_split, test_split: tfds split names, slicing allowed (`train[:90%]`).
+
+  Returns:
+    The `Dataset`.
+
+  Raises:
+    DatasetError: unknown name, not prepared, or prepared in a format that has
+      no random access.
+  """
+  data_dir = data_dir or default_data_dir()
+  builder = _builder(name, data_dir)
+  if not builder.is_prepared():
+    if name in BUNDLED:
+      _build_bundled(builder, data_dir)
+    elif not download:
+      raise DatasetError(
+        f'tfds dataset {name!r} is not prepared in {data_dir}. Prepare it once with '
+        f'`tfds build {name} --data_dir={data_dir} --file_format=array_record` '
+        f'(needs the internet and TensorFlow), or allow the download with '
+        f'--config.dataset.download=True.'
+      )
+  try:
+    train_source, test_source = tfds.data_source(
+      name,
+      split=[train_split, test_split],
+      data_dir=data_dir,
+      download=download,
+      builder_kwargs={'file_format': 'array_record'},
+    )
+  except NotImplementedError as e:
+    raise DatasetError(
+      f'tfds dataset {name!r} in {data_dir} is stored in a format without random access '
+      f'({builder.info.file_format}). Rebuild it as array_record: '
+      f'`tfds build {name} --data_dir=<new dir> --file_format=array_record`.'
+    ) from e
+  except ValueError as e:  # an unknown split or a bad slice
+    raise DatasetError(
+      f'dataset {name!r}: bad split {train_split!r} or {test_split!r} ({e}); '
+      f'it has {sorted(builder.info.splits)}'
+    ) from e
+  image_key, label_key = builder.info.supervised_keys or ('image', 'label')
+  try:
+    num_classes = builder.info.features[label_key].num_classes
+  except (KeyError, AttributeError) as e:
+    raise DatasetError(
+      f'tfds dataset {name!r} has no class label {label_key!r}: jaxdist trains image classifiers'
+    ) from e
+  train = _read_split(train_source, image_key, label_key)
+  test = _read_split(test_source, image_key, label_key)
+  pixels = train.images.reshape(-1, train.images.shape[-1]).astype(np.float64)
+  mean = pixels.mean(0).astype(np.float32)
+  std = np.maximum(pixels.std(0), 1e-6).astype(np.float32)
+  return Dataset(name, train, test, num_classes, mean, std)
+
+
+def _builder(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
+  if name == 'digits':
+    return digits_lib.Digits(data_dir=data_dir, file_format='array_record')
+  try:
+    return tfds.builder(name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError as e:
+    raise DatasetError(
+      f'unknown dataset {name!r}: not a tfds dataset name. jaxdist bundles {BUNDLED}; '
+      f'any other tfds image dataset (mnist, cifar10, ...) works once prepared.'
+    ) from e
+
+
+def _build_bundled(builder: tfds.core.DatasetBuilder, data_dir: str) -> None:
+  os.makedirs(data_dir, exist_ok=True)
+  # Several processes (pytest-xdist, multi-process runs) may build at once.
+  with filelock.FileLock(os.path.join(data_dir, f'.{builder.name}.lock')):
+    if not builder.is_prepared():
+      builder.download_and_prepare(file_format='array_record')
+
+
+def _read_split(source, image_key: str, label_key: str) -> Split:
+  images, labels = [], []
+  for start in range(0, len(source), _CHUNK):
+    records = source.__getitems__(list(range(start, min(start + _CHUNK, len(source)))))
+    images.append(np.stack([r[image_key] for r in records]))
+    labels.append(np.asarray([r[label_key] for r in records], np.int32))
+  images = np.concatenate(images)
+  if images.ndim == 3:
+    images = images[..., None]
+  return Split(images, np.concatenate(labels))
+
+
+@functools.lru_cache(maxsize=4)
+def _permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+  return np.random.default_rng((seed, epoch)).permutation(n)
+
+
+def batch_indices(step: int, *, seed: int, num_examples: int, batch_size: int) -> np.ndarray:
+  """Example indices [batch_size] of global batch `step`; a pure function.
+
+  Each epoch is a fresh permutation seeded by (seed, epoch); the examples left
+  over after the last full batch of an epoch are skipped in that epoch.
+  """
+  per_epoch = num_examples // batch_size
+  if per_epoch < 1:
+    raise DatasetError(f'global batch {batch_size} is larger than the {num_examples} examples')
+  epoch, i = divmod(int(step), per_epoch)
+  return _permutation(seed, epoch, num_examples)[i * batch_size : (i + 1) * batch_size]
+
+
+def worker_indices(step: int, *, seed: int, num_examples: int, workers: int, per_worker: int) -> np.ndarray:
+  """Global batch `step` as example indices [workers, per_worker]; row w is worker w's."""
+  idx = batch_indices(step, seed=seed, num_examples=num_examples, batch_size=workers * per_worker)
+  return idx.reshape(workers, per_worker)

@@ -1,0 +1,166 @@
+"""Where workers live: a mesh of real devices, and simulated workers on each.
+
+A worker is one data-parallel replica. `Workers(count=64)` on 8 devices puts 8
+simulated workers on each device: the step runs under `jax.shard_map` over the
+mesh axis `data` and, inside each device, under `jax.vmap` with axis name
+`sim`. Transforms address all workers as `axis_name=('data', 'sim')` and cannot
+tell the two kinds apart. Per-worker arrays carry a leading axis of size
+`count`, sharded over `data`.
+
+`shard_map` runs with `check_vma=False`: jax 0.10's varying-axes checker fails
+(an internal AssertionError) on collectives over a vmap axis inside shard_map.
+Per-worker state enters the map sharded, never replicated, so the trap that
+checker guards against (the gradient of a replicated input arriving already
+summed) cannot arise; the single-device equivalence tests keep it honest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+DATA = 'data'
+SIM = 'sim'
+AXES = (DATA, SIM)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workers:
+  """`count` data-parallel workers: `mesh.size` devices × `per_device` simulated.
+
+  Attributes:
+    mesh: 1-D mesh with axis `data` over the devices that hold workers.
+    per_device: simulated workers on each device (vmap axis `sim`).
+  """
+
+  mesh: Mesh
+  per_device: int
+
+  @property
+  def devices(self) -> int:
+    return self.mesh.size
+
+  @property
+  def count(self) -> int:
+    return self.devices * self.per_device
+
+  @property
+  def axis_name(self) -> tuple[str, str]:
+    """The axis names a transform must reduce over to reach every worker."""
+    return AXES
+
+  @property
+  def sharding(self) -> NamedSharding:
+    """Sharding of a per-worker array (leading axis of size `count`)."""
+    return NamedSharding(self.mesh, P(DATA))
+
+  @property
+  def replicated(self) -> NamedSharding:
+    return NamedSharding(self.mesh, P())
+
+  def local_workers(self) -> range:
+    """Indices of the workers whose data this process must provide."""
+    mine = [i for i, d in enumerate(self.mesh.devices.flat) if d.process_index == jax.process_index()]
+    lo, hi = min(mine), max(mine) + 1
+    if hi - lo != len(mine):
+      raise ValueError('this process holds non-contiguous devices of the mesh')
+    return range(lo * self.per_device, hi * self.per_device)
+
+  def map(
+    self,
+    fn: Callable[..., Any],
+    in_axes: Sequence[int | None],
+  ) -> Callable[..., Any]:
+    """Runs `fn` once per worker; outputs gain the leading worker axis.
+
+    Args:
+      fn: the per-worker function; may call collectives over `axis_name`.
+      in_axes: per positional argument, 0 for a per-worker pytree (leading axis
+        `count`) or None for a value every worker sees whole (replicated).
+
+    Returns:
+      A function of the stacked arguments; jit it.
+    """
+    in_axes = tuple(in_axes)
+    vmapped = jax.vmap(fn, in_axes=in_axes, axis_name=SIM)
+    in_specs = tuple(P(DATA) if a == 0 else P() for a in in_axes)
+    return jax.shard_map(
+      vmapped, mesh=self.mesh, in_specs=in_specs, out_specs=P(DATA), check_vma=False
+    )
+
+
+def layout(
+  count: int, *, devices: int | None = None, device_list: Sequence[jax.Device] | None = None
+) -> Workers:
+  """Places `count` workers on devices.
+
+  Args:
+    count: number of data-parallel workers.
+    devices: how many devices to spread them over; by default the largest
+      divisor of `count` not above the number of devices available. With more
+      than one process, every device of every process is used.
+    device_list: the devices to use (default `jax.devices()`).
+
+  Returns:
+    The `Workers` layout.
+  """
+  if count < 1:
+    raise ValueError(f'workers must be >= 1, got {count}')
+  available = list(device_list if device_list is not None else jax.devices())
+  if devices is None or devices == 0:
+    if jax.process_count() > 1:
+      devices = len(available)
+    else:
+      devices = max(d for d in range(1, min(count, len(available)) + 1) if count % d == 0)
+  if devices < 1 or devices > len(available):
+    raise ValueError(f'devices must be in [1, {len(available)}] (devices available), got {devices}')
+  if count % devices:
+    raise ValueError(
+      f'workers ({count}) must be a multiple of the devices they run on ({devices}); '
+      f'choose workers = k * {devices}'
+    )
+  if jax.process_count() > 1 and devices != len(available):
+    raise ValueError(
+      f'with {jax.process_count()} processes every device must hold workers: '
+      f'devices must be {len(available)}, got {devices}'
+    )
+  mesh = Mesh(np.asarray(available[:devices]), (DATA,), axis_types=(AxisType.Auto,))
+  return Workers(mesh=mesh, per_device=count // devices)
+
+
+def initialize_distributed(
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+) -> None:
+  """Starts JAX's multi-controller runtime (one call per process, before any jax op).
+
+  With no arguments, JAX detects the cluster (SLURM, Open MPI, TPU pods, GKE).
+  For local runs pass a loopback `coordinator_address` such as
+  `127.0.0.1:12345`; the coordinator then binds to loopback only instead of
+  every interface.
+  """
+  bind = None
+  if coordinator_address is not None:
+    host, _, port = coordinator_address.rpartition(':')
+    try:
+      if ipaddress.ip_address(host.strip('[]')).is_loopback:
+        bind = coordinator_address
+    except ValueError:
+      if host == 'localhost':
+        bind = f'127.0.0.1:{port}'
+  logging.info('jax.distributed.initialize(%s, %s, %s)', coordinator_address, num_processes, process_id)
+  jax.distributed.initialize(
+    coordinator_address=coordinator_address,
+    num_processes=num_processes,
+    process_id=process_id,
+    coordinator_bind_address=bind,
+  )

@@ -1,0 +1,22 @@
+"""The training loop: the only part of jaxdist that reads a config or does I/O."""
+
+from jaxdist.train.step import (
+  TrainState,
+  make_eval_step,
+  make_init,
+  make_reference_step,
+  make_train_step,
+)
+from jaxdist.train.trainer import ConfigError, Experiment, build, train_and_evaluate
+
+__all__ = [
+  'ConfigError',
+  'Experiment',
+  'TrainState',
+  'build',
+  'make_eval_step',
+  'make_init',
+  'make_reference_step',
+  'make_train_step',
+  'train_and_evaluate',
+]

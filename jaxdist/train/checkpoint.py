@@ -1,0 +1,57 @@
+"""Orbax checkpoints of the whole training state, written atomically.
+
+Orbax writes each checkpoint into a temporary directory and renames it when
+complete, so a process killed mid-write leaves the previous checkpoint as the
+latest one. Saved with the state: a JSON record of the data position (the
+step: batches are a pure function of seed and step) and of the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+  """Saves and restores (state, metadata) under `directory`."""
+
+  def __init__(self, directory: str, *, keep: int):
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+    self._manager = ocp.CheckpointManager(directory, options=options, item_names=('state', 'meta'))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+    """Starts writing checkpoint `step`; device buffers are copied before it returns."""
+    self._manager.save(
+      step,
+      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+      force=True,
+    )
+
+  def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
+    """State (with the shardings of `abstract_state`) and metadata of `step`."""
+    restored = self._manager.restore(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()
+      ),
+    )
+    return restored['state'], restored['meta']
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+
+def abstract(tree: Any, shardings: Any) -> Any:
+  """`ShapeDtypeStruct`s of `tree` carrying `shardings` (a restore target)."""
+  return jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+  )

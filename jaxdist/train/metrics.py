@@ -1,0 +1,104 @@
+"""Metrics to a JSONL file and TensorBoard event files, safe across restarts.
+
+A run killed after its last checkpoint has logged steps that the resumed run
+will compute again. On resume the JSONL log is cut back to the checkpoint's
+step (rewritten atomically) and TensorBoard is told to purge later events, so
+the log of a resumed run equals that of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import tensorboardX
+
+METRICS_FILE = 'metrics.jsonl'
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+  """Records of a JSONL file; a torn last line (a crash mid-write) is dropped."""
+  if not os.path.exists(path):
+    return []
+  records = []
+  with open(path) as f:
+    for line in f:
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError:
+        break
+  return records
+
+
+def write_atomic(path: str, text: str) -> None:
+  """Writes `text` to `path` via a temporary file and a rename."""
+  directory = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix='.tmp-')
+  try:
+    with os.fdopen(fd, 'w') as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+class MetricsWriter:
+  """Appends per-step records to `workdir/metrics.jsonl` and to TensorBoard.
+
+  Args:
+    workdir: the run's directory.
+    resume_step: the step training resumes from (0 for a fresh run); records
+      after it are removed.
+    enabled: False on all processes but the first, which write nothing.
+  """
+
+  def __init__(self, workdir: str, resume_step: int, enabled: bool = True):
+    self.path = os.path.join(workdir, METRICS_FILE)
+    self.enabled = enabled
+    self._file = None
+    self._tb = None
+    if not enabled:
+      return
+    kept = [r for r in read_jsonl(self.path) if r['step'] <= resume_step]
+    write_atomic(self.path, ''.join(json.dumps(r) + '\n' for r in kept))
+    self._file = open(self.path, 'a')
+    self._tb = tensorboardX.SummaryWriter(
+      os.path.join(workdir, 'tensorboard'), purge_step=resume_step + 1 if resume_step else None
+    )
+
+  def write(self, step: int, scalars: Mapping[str, float]) -> None:
+    if not self.enabled:
+      return
+    record = {'step': int(step), **{k: _plain(v) for k, v in scalars.items()}}
+    self._file.write(json.dumps(record) + '\n')
+    for key, value in record.items():
+      if key != 'step' and isinstance(value, (int, float)):
+        self._tb.add_scalar(key, value, step)
+
+  def flush(self) -> None:
+    """Makes every record written so far durable (before a checkpoint commits)."""
+    if not self.enabled:
+      return
+    self._file.flush()
+    os.fsync(self._file.fileno())
+    self._tb.flush()
+
+  def close(self) -> None:
+    if not self.enabled:
+      return
+    self.flush()
+    self._file.close()
+    self._tb.close()
+
+
+def _plain(value: Any) -> Any:
+  if hasattr(value, 'item'):
+    return value.item()
+  return value

@@ -1,0 +1,58 @@
+"""End-of-run summary: a table on the console and a PNG of the curves."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def human_bytes(n: float) -> str:
+  for unit in ('B', 'KiB', 'MiB', 'GiB', 'TiB'):
+    if abs(n) < 1024 or unit == 'TiB':
+      return f'{n:.0f} {unit}' if unit == 'B' else f'{n:.2f} {unit}'
+    n /= 1024
+  raise AssertionError
+
+
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
+  """A plain-text table; `columns` are (key, heading) pairs."""
+  cells = [[h for _, h in columns]] + [[_fmt(r.get(k)) for k, _ in columns] for r in rows]
+  widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+  lines = ['  '.join(c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(row, widths))) for row in cells]
+  lines.insert(1, '  '.join('-' * w for w in widths))
+  return '\n'.join(lines)
+
+
+def _fmt(v: Any) -> str:
+  if v is None:
+    return '-'
+  if isinstance(v, float):
+    return f'{v:.4g}' if abs(v) < 1e4 else f'{v:,.0f}'
+  return str(v)
+
+
+def plot_curves(records: Sequence[Mapping[str, Any]], path: str, title: str = '') -> None:
+  """Training loss, and train/test accuracy, against step."""
+  steps = [r['step'] for r in records if 'loss' in r]
+  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.8))
+  ax_loss.plot(steps, [r['loss'] for r in records if 'loss' in r], lw=1, label='train')
+  evals = [r for r in records if 'test_loss' in r]
+  ax_loss.plot([r['step'] for r in evals], [r['test_loss'] for r in evals], 'o-', label='test')
+  ax_loss.set_yscale('log')
+  ax_loss.set(xlabel='step', ylabel='loss')
+  ax_acc.plot(steps, [r['accuracy'] for r in records if 'loss' in r], lw=1, alpha=0.6, label='train (batch)')
+  ax_acc.plot([r['step'] for r in evals], [r['test_accuracy'] for r in evals], 'o-', label='test')
+  ax_acc.set(xlabel='step', ylabel='accuracy', ylim=(0, 1.01))
+  for ax in (ax_loss, ax_acc):
+    ax.grid(alpha=0.3)
+    ax.legend()
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

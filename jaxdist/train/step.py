@@ -1,0 +1,145 @@
+"""Jitted, sharded training and evaluation steps over a `Workers` layout.
+
+Every leaf of `TrainState` has a leading worker axis. The train step runs each
+worker's forward/backward pass on its own slice of the global batch, then the
+optax chain (which may communicate over `workers.axis_name`), all inside one
+`shard_map` (devices) × `vmap` (simulated workers) program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxdist import comm
+from jaxdist.runtime import Workers
+
+
+class TrainState(NamedTuple):
+  """What a run carries from step to step.
+
+  Attributes:
+    params: model parameters. Per-worker.
+    model_state: non-trained variables, e.g. batch-norm statistics ({} if
+      none). Per-worker.
+    opt_state: the optax chain's state, communication records included.
+      Per-worker.
+  """
+
+  params: optax.Params
+  model_state: dict[str, Any]
+  opt_state: optax.OptState
+
+
+def _split_variables(variables: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+  variables = dict(variables)
+  return variables.pop('params'), variables
+
+
+def loss_fn(model: nn.Module, params, model_state, x, y, train: bool):
+  """Mean cross-entropy over the batch; returns (loss, (logits, new_model_state))."""
+  variables = {'params': params, **model_state}
+  if train and model_state:
+    logits, new_state = model.apply(variables, x, train=True, mutable=list(model_state))
+  else:
+    logits, new_state = model.apply(variables, x, train=train), model_state
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+  return loss, (logits, new_state)
+
+
+def init_params(model: nn.Module, rng: jax.Array, input_shape: tuple[int, ...]):
+  """(params, model_state) of one model replica."""
+  return _split_variables(model.init(rng, jnp.zeros((1, *input_shape)), train=False))
+
+
+def make_init(
+  model: nn.Module, tx: optax.GradientTransformation, workers: Workers, input_shape: tuple[int, ...]
+) -> Callable[[jax.Array], TrainState]:
+  """A jitted `rng -> TrainState`: every worker starts from the same replica."""
+
+  def init(rng):
+    params, model_state = init_params(model, rng, input_shape)
+    stack = lambda t: jax.tree.map(lambda x: jnp.broadcast_to(x, (workers.count, *x.shape)), t)
+    params, model_state = stack(params), stack(model_state)
+    return TrainState(params, model_state, jax.vmap(tx.init)(params))
+
+  return jax.jit(init, out_shardings=workers.sharding)
+
+
+def make_train_step(
+  model: nn.Module, tx: optax.GradientTransformation, workers: Workers
+) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
+  """A jitted `(state, x_WxBx..., y_WxB) -> (state, metrics)`; the state is donated.
+
+  Metrics, replicated: `loss` and `accuracy` averaged over workers, and
+  `wire`: for each `Transfer` in the optimizer state (in tree order), how many
+  times it ran this step summed over workers.
+  """
+
+  def worker_step(state: TrainState, x, y):
+    grad_fn = jax.value_and_grad(loss_fn, argnums=1, has_aux=True)
+    (loss, (logits, model_state)), grads = grad_fn(model, state.params, state.model_state, x, y, True)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    accuracy = jnp.mean(jnp.argmax(logits, -1) == y)
+    return TrainState(params, model_state, opt_state), {'loss': loss, 'accuracy': accuracy}
+
+  mapped = workers.map(worker_step, in_axes=(0, 0, 0))
+
+  def step(state, x, y):
+    state, per_worker = mapped(state, x, y)
+    metrics = {k: jnp.mean(v) for k, v in per_worker.items()}
+    metrics['wire'] = tuple(jnp.sum(t.count) for t in comm.find_transfers(state.opt_state))
+    return state, metrics
+
+  return jax.jit(
+    step,
+    donate_argnums=0,
+    out_shardings=(workers.sharding, workers.replicated),
+  )
+
+
+def make_eval_step(model: nn.Module, workers: Workers) -> Callable[..., dict[str, jax.Array]]:
+  """A jitted `(state, x_Nx..., y_N, mask_N) -> sums` on the worker-averaged model.
+
+  The model evaluated is the mean of the workers' parameters (and batch-norm
+  statistics): for synchronous methods every worker holds it already; for
+  local methods it is the consensus model. Returns masked sums of loss and
+  correct predictions, and the count, so chunks can be added up.
+  """
+
+  def evaluate(state: TrainState, x, y, mask):
+    mean = lambda t: jax.tree.map(lambda a: jnp.mean(a, axis=0), t)
+    loss_vec, (logits, _) = _per_example(model, mean(state.params), mean(state.model_state), x, y)
+    correct = (jnp.argmax(logits, -1) == y) * mask
+    return {'loss': jnp.sum(loss_vec * mask), 'correct': jnp.sum(correct), 'count': jnp.sum(mask)}
+
+  return jax.jit(evaluate, out_shardings=workers.replicated)
+
+
+def _per_example(model, params, model_state, x, y):
+  logits = model.apply({'params': params, **model_state}, x, train=False)
+  return optax.softmax_cross_entropy_with_integer_labels(logits, y), (logits, model_state)
+
+
+def make_reference_step(
+  model: nn.Module, tx: optax.GradientTransformation
+) -> Callable[..., tuple[Any, Any, Any, jax.Array]]:
+  """One device, no workers: `(params, model_state, opt_state, x, y) -> (..., loss)`.
+
+  The single-device computation every synchronous method is checked against,
+  and the baseline of the step benchmark. `tx` must not communicate.
+  """
+
+  def step(params, model_state, opt_state, x, y):
+    grad_fn = jax.value_and_grad(loss_fn, argnums=1, has_aux=True)
+    (loss, (_, model_state)), grads = grad_fn(model, params, model_state, x, y, True)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), model_state, opt_state, loss
+
+  return jax.jit(step, donate_argnums=(0, 2))

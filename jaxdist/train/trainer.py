@@ -1,0 +1,326 @@
+"""`train_and_evaluate(config, workdir)`: the only place that reads a config.
+
+It turns names into objects (dataset, model, optimizer chain, worker layout),
+checks them all before touching the work directory, then runs the loop:
+resume from the latest checkpoint if there is one, a jitted sharded step,
+metrics fetched one step late, periodic evaluation, JSONL + TensorBoard logs,
+checkpoints every N steps and at the end, and a summary table and plot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+import tqdm
+
+from jaxdist import comm, data, models, runtime, sync
+from jaxdist.train import checkpoint, metrics, report, step
+
+SUMMARY_FILE = 'summary.json'
+PLOT_FILE = 'curves.png'
+
+
+class ConfigError(ValueError):
+  """The config, flags or work directory cannot run; the message says why."""
+
+
+# --- names to objects --------------------------------------------------------
+
+
+def build_optimizer(cfg: ml_collections.ConfigDict, steps: int):
+  """The local optimizer and its learning-rate schedule."""
+  if cfg.schedule == 'constant':
+    schedule = optax.constant_schedule(cfg.learning_rate)
+  elif cfg.schedule == 'cosine':
+    schedule = optax.warmup_cosine_decay_schedule(
+      0.0, cfg.learning_rate, min(cfg.warmup_steps, steps - 1), steps
+    )
+  else:
+    raise ValueError(f"optimizer.schedule must be 'constant' or 'cosine', got {cfg.schedule!r}")
+  if cfg.name == 'sgd':
+    opt = optax.sgd(schedule, momentum=cfg.momentum or None, nesterov=cfg.nesterov)
+  elif cfg.name == 'adam':
+    opt = optax.adam(schedule)
+  elif cfg.name == 'adamw':
+    opt = optax.adamw(schedule, weight_decay=cfg.weight_decay)
+  else:
+    raise ValueError(f"optimizer.name must be one of 'sgd', 'adam', 'adamw', got {cfg.name!r}")
+  if cfg.weight_decay and cfg.name != 'adamw':
+    opt = optax.chain(optax.add_decayed_weights(cfg.weight_decay), opt)
+  return opt, schedule
+
+
+def _sync_allreduce(cfg, axis_name):
+  del cfg
+  return sync.allreduce(axis_name=axis_name), None
+
+
+# method name -> (sync config, axis_name) -> (gradient transform before the
+# optimizer, parameter transform after it); either may be None.
+SYNC_METHODS = {
+  'allreduce': _sync_allreduce,
+}
+
+
+def build_chain(config: ml_collections.ConfigDict, axis_name) -> tuple[optax.GradientTransformation, Any]:
+  method = config.sync.method
+  if method not in SYNC_METHODS:
+    raise ValueError(f'unknown sync.method {method!r}; choose one of {sorted(SYNC_METHODS)}')
+  before, after = SYNC_METHODS[method](config.sync, axis_name)
+  opt, schedule = build_optimizer(config.optimizer, config.steps)
+  return optax.chain(*[t for t in (before, opt, after) if t is not None]), schedule
+
+
+@dataclasses.dataclass
+class Experiment:
+  """Everything a run needs, built and checked from a config."""
+
+  config: ml_collections.ConfigDict
+  workdir: str
+  dataset: data.Dataset
+  model: Any
+  tx: optax.GradientTransformation
+  schedule: Any
+  workers: runtime.Workers
+
+  @property
+  def per_worker(self) -> int:
+    return self.config.batch_size // self.workers.count
+
+
+def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
+  """Checks `config` and `workdir` and builds the run; raises `ConfigError`.
+
+  Nothing in `workdir` is created or changed here.
+  """
+  try:
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+      raise ValueError(f'workdir {workdir} exists and is not a directory; pass a directory path')
+    for key in ('steps', 'batch_size', 'workers', 'eval_every', 'checkpoint_every', 'keep_checkpoints'):
+      if config[key] < 1:
+        raise ValueError(f'{key} must be >= 1, got {config[key]}')
+    if config.batch_size % config.workers:
+      raise ValueError(
+        f'batch_size {config.batch_size} (global) is not divisible by workers {config.workers}; '
+        f'use a multiple of {config.workers}, e.g. --config.batch_size='
+        f'{max(1, round(config.batch_size / config.workers)) * config.workers}'
+      )
+    if config.model.name not in models.MODELS:  # before the (slower) data loading
+      models.get(config.model.name, num_classes=1)
+    workers = runtime.layout(config.workers, devices=config.devices or None)
+    tx, schedule = build_chain(config, workers.axis_name)
+    ds = data.load(
+      config.dataset.name,
+      data_dir=config.dataset.data_dir or None,
+      download=config.dataset.download,
+      train_split=config.dataset.train_split,
+      test_split=config.dataset.test_split,
+    )
+    data.batch_indices(0, seed=config.seed, num_examples=len(ds.train), batch_size=config.batch_size)
+    model = models.get(config.model.name, num_classes=ds.num_classes)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+  return Experiment(config, workdir, ds, model, tx, schedule, workers)
+
+
+# --- the loop ----------------------------------------------------------------
+
+
+def _put_batch(exp: Experiment, t: int) -> tuple[jax.Array, jax.Array]:
+  """Global batch `t` as [workers, per_worker, ...] arrays; each process loads its own workers."""
+  w, b, split = exp.workers, exp.per_worker, exp.dataset.train
+  idx = data.worker_indices(
+    t, seed=exp.config.seed, num_examples=len(split), workers=w.count, per_worker=b
+  )[w.local_workers()]
+  x = exp.dataset.normalize(split.images[idx])
+  y = split.labels[idx]
+  put = lambda a: jax.make_array_from_process_local_data(w.sharding, a, (w.count, *a.shape[1:]))
+  return put(x), put(y)
+
+
+def _eval_chunks(exp: Experiment) -> list[tuple[jax.Array, ...]]:
+  """The test split in device-sharded, padded chunks (x, y, mask)."""
+  split, w = exp.dataset.test, exp.workers
+  chunk = -(-min(exp.config.eval_batch_size, len(split)) // w.devices) * w.devices
+  sharding = jax.NamedSharding(w.mesh, jax.sharding.PartitionSpec(runtime.DATA))
+  chunks = []
+  for start in range(0, len(split), chunk):
+    n = min(chunk, len(split) - start)
+    pad = lambda a: np.concatenate([a, np.zeros((chunk - n, *a.shape[1:]), a.dtype)])
+    arrays = (
+      pad(exp.dataset.normalize(split.images[start : start + n])),
+      pad(split.labels[start : start + n]),
+      pad(np.ones(n, np.float32)),
+    )
+    chunks.append(tuple(jax.make_array_from_callback(a.shape, sharding, lambda i, a=a: a[i]) for a in arrays))
+  return chunks
+
+
+def _evaluate(eval_step, state, chunks) -> dict[str, float]:
+  sums = [jax.device_get(eval_step(state, *c)) for c in chunks]
+  count = sum(float(s['count']) for s in sums)
+  return {
+    'test_loss': sum(float(s['loss']) for s in sums) / count,
+    'test_accuracy': sum(float(s['correct']) for s in sums) / count,
+  }
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains and evaluates as `config` says, in `workdir`; returns the summary.
+
+  Resumes from the latest checkpoint in `workdir` if there is one.
+
+  Raises:
+    ConfigError: a bad config or work directory, before anything is written.
+  """
+  exp = build(config, workdir)
+  cfg, workers = exp.config, exp.workers
+  lead = jax.process_index() == 0
+  os.makedirs(workdir, exist_ok=True)
+  logging.info(
+    '%d workers = %d devices (%s) x %d simulated; global batch %d, %d per worker',
+    workers.count,
+    workers.devices,
+    jax.devices()[0].platform,
+    workers.per_device,
+    cfg.batch_size,
+    exp.per_worker,
+  )
+
+  init = step.make_init(exp.model, exp.tx, workers, exp.dataset.image_shape)
+  train_step = step.make_train_step(exp.model, exp.tx, workers)
+  eval_step = step.make_eval_step(exp.model, workers)
+  state_shape = jax.eval_shape(init, jax.random.key(cfg.seed))
+  transfers = comm.find_transfers(state_shape.opt_state)
+
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'), keep=cfg.keep_checkpoints)
+  start = ckpt.latest_step() or 0
+  if start:
+    target = checkpoint.abstract(state_shape, jax.tree.map(lambda _: workers.sharding, state_shape))
+    try:
+      state, meta = ckpt.restore(start, target)
+    except Exception as e:  # noqa: BLE001 - any mismatch means this config cannot resume here
+      raise ConfigError(
+        f'cannot resume from the checkpoint at step {start} in {workdir}: it does not match this '
+        f'config ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}). '
+        f'Use a fresh --workdir or the config that wrote it.'
+      ) from e
+    logging.info('resumed from step %d (%s)', start, meta)
+  else:
+    state = init(jax.random.key(cfg.seed))
+    if lead:
+      metrics.write_atomic(os.path.join(workdir, 'config.json'), cfg.to_json_best_effort(indent=2))
+
+  writer = metrics.MetricsWriter(workdir, start, enabled=lead)
+  chunks = _eval_chunks(exp)
+  n = workers.count
+  payload_per_step = lambda counts: comm.total_bytes(transfers, counts) / n
+  sent_per_step = lambda counts: sum(t.sent_bytes(n) * int(c) for t, c in zip(transfers, counts)) / n
+
+  last_eval: dict[str, float] = {}
+  pending = None  # (step, device metrics): fetched one step late
+  timer = {'t0': None, 'steps': 0}
+
+  def flush_pending():
+    nonlocal pending
+    if pending is None:
+      return
+    t, m = pending
+    pending = None
+    m = jax.device_get(m)
+    counts = [int(c) for c in m.pop('wire')]
+    record = {
+      'loss': float(m['loss']),
+      'accuracy': float(m['accuracy']),
+      'learning_rate': float(exp.schedule(t - 1)),
+      'payload_bytes': payload_per_step(counts),
+      'sent_bytes': sent_per_step(counts),
+    }
+    if t in evals:
+      record.update(evals.pop(t))
+    writer.write(t, record)
+    bar.set_postfix(loss=f'{record["loss"]:.3f}', acc=f'{record["accuracy"]:.3f}', refresh=False)
+
+  evals: dict[int, dict[str, float]] = {}
+  bar = tqdm.tqdm(
+    total=cfg.steps, initial=start, disable=not (lead and cfg.progress), desc='train', unit='step'
+  )
+  wall0 = time.time()
+  for t in range(start, cfg.steps):
+    x, y = _put_batch(exp, t)
+    state, m = train_step(state, x, y)
+    flush_pending()
+    pending = (t + 1, m)
+    bar.update(1)
+    if t == start:  # the first step compiles; time the rest
+      jax.block_until_ready(m)
+      timer['t0'] = time.perf_counter()
+    else:
+      timer['steps'] += 1
+    done = t + 1
+    if done % cfg.eval_every == 0 or done == cfg.steps:
+      last_eval = _evaluate(eval_step, state, chunks)
+      evals[done] = last_eval
+    if done % cfg.checkpoint_every == 0 or done == cfg.steps or done == cfg.fault.kill_at_step:
+      flush_pending()
+      writer.flush()  # the log reaches the checkpoint's step before the checkpoint commits
+      ckpt.save(done, state, {'step': done, 'seed': cfg.seed})
+    if done == cfg.fault.kill_at_step:
+      ckpt.wait()
+      logging.warning('fault.kill_at_step=%d: killing this process (SIGKILL)', done)
+      os.kill(os.getpid(), signal.SIGKILL)
+  flush_pending()
+  jax.block_until_ready(state)
+  elapsed = time.perf_counter() - timer['t0'] if timer['t0'] else float('nan')
+  bar.close()
+  writer.close()
+  ckpt.close()
+
+  records = metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE)) if lead else []
+  steps_done = cfg.steps - start
+  summary = {
+    'dataset': cfg.dataset.name,
+    'model': cfg.model.name,
+    'sync': cfg.sync.method,
+    'workers': n,
+    'steps': cfg.steps,
+    'test_accuracy': last_eval.get('test_accuracy'),
+    'test_loss': last_eval.get('test_loss'),
+    'samples_per_s': timer['steps'] * cfg.batch_size / elapsed if timer['steps'] else None,
+    'wall_s': time.time() - wall0,
+    'payload_bytes_per_step': (
+      sum(r['payload_bytes'] for r in records) / len(records) if records else None
+    ),
+    'sent_bytes_per_worker': sum(r['sent_bytes'] for r in records) if records else None,
+    'steps_this_run': steps_done,
+  }
+  if lead:
+    metrics.write_atomic(os.path.join(workdir, SUMMARY_FILE), json.dumps(summary, indent=2))
+    report.plot_curves(
+      records, os.path.join(workdir, PLOT_FILE), f'{cfg.model.name} on {cfg.dataset.name}, {n} workers, {cfg.sync.method}'
+    )
+    print()
+    print(report.table([summary], SUMMARY_COLUMNS))
+    print(f'\nmetrics: {writer.path}\nplot:    {os.path.join(workdir, PLOT_FILE)}')
+  return summary
+
+
+SUMMARY_COLUMNS = (
+  ('sync', 'sync'),
+  ('workers', 'workers'),
+  ('steps', 'steps'),
+  ('test_accuracy', 'test acc'),
+  ('samples_per_s', 'samples/s'),
+  ('payload_bytes_per_step', 'payload B/worker/step'),
+  ('sent_bytes_per_worker', 'sent B/worker (ring)'),
+)
