@@ -1,5 +1,6 @@
 """Collectives over named worker axes and exact bytes-on-the-wire accounting."""
 
+from jaxdist.comm import hlo
 from jaxdist.comm.collectives import (
   ALL_GATHER,
   ALL_REDUCE,
@@ -31,6 +32,7 @@ __all__ = [
   'axis_index',
   'axis_size',
   'find_transfers',
+  'hlo',
   'pmean',
   'psum',
   'total_bytes',

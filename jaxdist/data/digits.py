@@ -22,7 +22,7 @@ class Digits(tfds.core.GeneratorBasedBuilder):
   """scikit-learn's 8x8 digits, with a fixed train/test split."""
 
   VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': 'Every fifth example is test.'}
+  RELEASE_NOTES = {'1.0.0': "Every fifth example is test; records in scikit-learn's order."}
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
@@ -35,6 +35,7 @@ class Digits(tfds.core.GeneratorBasedBuilder):
         }
       ),
       supervised_keys=('image', 'label'),
+      disable_shuffling=True,  # keep scikit-learn's order
       homepage='https://scikit-learn.org/stable/datasets/toy_dataset.html#digits-dataset',
       citation='Alpaydin & Kaynak, "Optical Recognition of Handwritten Digits", UCI ML Repository, 1998.',
     )

@@ -1,0 +1,90 @@
+"""What a compiled program really sends: the collectives of an HLO module.
+
+`collectives(jitted.lower(*args).compile().as_text())` lists every
+collective with the dtypes and bytes of its operands, so a transform's own
+accounting (`Transfer.nbytes`) can be checked against what XLA will run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from jaxdist.comm.collectives import KINDS
+
+_ITEMSIZE = {
+  'pred': 1, 's4': 1, 'u4': 1, 's8': 1, 'u8': 1, 'f8e4m3fn': 1, 'f8e5m2': 1, 'f8e4m3': 1,
+  'f8e4m3b11fnuz': 1, 'f8e4m3fnuz': 1, 'f8e5m2fnuz': 1, 's16': 2, 'u16': 2, 'f16': 2, 'bf16': 2,
+  's32': 4, 'u32': 4, 'f32': 4, 's64': 8, 'u64': 8, 'f64': 8, 'c64': 8, 'c128': 16,
+}  # fmt: skip
+_DEF = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\(.*?\)|[\w]+\[[\d,]*\](?:\{[^}]*\})?)\s+([\w\-]+)\((.*)$')
+_ARRAY = re.compile(r'(\w+)\[([\d,]*)\]')
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+  """One collective instruction of an HLO module.
+
+  Attributes:
+    kind: `all-reduce`, `all-gather`, `all-to-all` or `collective-permute`.
+    dtypes: dtype of each operand, e.g. ('f32',) or ('f32', 's32').
+    nbytes: bytes of all operands together (what each participant sends in).
+  """
+
+  kind: str
+  dtypes: tuple[str, ...]
+  nbytes: int
+
+
+def _arrays(type_text: str) -> list[tuple[str, int]]:
+  return [
+    (dtype, _ITEMSIZE[dtype] * math.prod(int(d) for d in dims.split(',') if d))
+    for dtype, dims in _ARRAY.findall(type_text)
+  ]
+
+
+def _operands(rest: str) -> list[str]:
+  """The comma-separated operands before the closing parenthesis, split at depth 0."""
+  out, depth, current = [], 0, ''
+  for ch in rest:
+    if ch in '([{':
+      depth += 1
+    elif ch in ')]}':
+      if depth == 0:
+        break
+      depth -= 1
+    if ch == ',' and depth == 0:
+      out.append(current.strip())
+      current = ''
+    else:
+      current += ch
+  out.append(current.strip())
+  return [o for o in out if o]
+
+
+def collectives(hlo_text: str) -> list[Collective]:
+  """Collectives of a compiled (optimised) HLO module, in program order.
+
+  Asynchronous pairs (`all-reduce-start` / `-done`) count once, at the start.
+  """
+  types: dict[str, str] = {}
+  found = []
+  for line in hlo_text.splitlines():
+    m = _DEF.match(line)
+    if not m:
+      continue
+    name, type_text, op, rest = m.groups()
+    types[name] = type_text
+    kind = op.removesuffix('-start')
+    if kind not in KINDS or op.endswith('-done'):
+      continue
+    arrays = []
+    for operand in _operands(rest):
+      inline = _arrays(operand)  # some dumps print `f32[3] %x`
+      if inline:
+        arrays += inline
+      elif operand:
+        arrays += _arrays(types.get(operand.lstrip('%'), ''))
+    found.append(Collective(kind, tuple(d for d, _ in arrays), sum(b for _, b in arrays)))
+  return found

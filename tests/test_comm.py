@@ -1,0 +1,105 @@
+"""Collectives over mixed device/simulated axes, and wire accounting vs the HLO."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxdist as jd
+from jaxdist import comm, runtime
+
+
+@pytest.mark.parametrize('devices', [8, 1, 2])
+def test_psum_pmean_all_gather_over_all_workers(devices):
+  workers = runtime.layout(8, devices=devices)
+  x = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+
+  def per_worker(xi):
+    total, t_sum = comm.psum(xi, workers.axis_name)
+    mean, _ = comm.pmean(xi, workers.axis_name)
+    gathered, t_gather = comm.all_gather(xi, workers.axis_name)
+    index = comm.axis_index(workers.axis_name)
+    assert comm.axis_size(workers.axis_name) == 8
+    assert (t_sum.kind, t_sum.nbytes) == ('all-reduce', 12)
+    assert (t_gather.kind, t_gather.nbytes) == ('all-gather', 12)
+    return total, mean, gathered, index
+
+  total, mean, gathered, index = jax.jit(workers.map(per_worker, in_axes=(0,)))(
+    jax.device_put(x, workers.sharding)
+  )
+  np.testing.assert_allclose(total, np.broadcast_to(x.sum(0), (8, 3)))
+  np.testing.assert_allclose(mean, np.broadcast_to(x.mean(0), (8, 3)), rtol=1e-6)
+  np.testing.assert_array_equal(gathered, np.broadcast_to(x, (8, 8, 3)))
+  np.testing.assert_array_equal(index, np.arange(8))
+
+
+def test_sent_bytes_follow_bandwidth_optimal_algorithms():
+  n = 8
+  assert comm.transfer('all-reduce', 800).sent_bytes(n) == pytest.approx(2 * 7 / 8 * 800)
+  assert comm.transfer('all-gather', 800).sent_bytes(n) == 7 * 800
+  assert comm.transfer('all-to-all', 800).sent_bytes(n) == pytest.approx(7 / 8 * 800)
+  assert comm.transfer('collective-permute', 800).sent_bytes(n) == 800
+  assert comm.transfer('all-reduce', 800).sent_bytes(1) == 0
+  with pytest.raises(ValueError, match='kind must be one of'):
+    comm.transfer('broadcast', 8)
+
+
+def test_tree_nbytes_and_total_bytes():
+  tree = {'a': jnp.zeros((3, 4), jnp.float32), 'b': jnp.zeros((5,), jnp.bfloat16)}
+  assert comm.tree_nbytes(tree) == 3 * 4 * 4 + 5 * 2
+  records = [comm.transfer('all-reduce', 100, 1), comm.transfer('all-gather', 7, 0)]
+  assert comm.total_bytes(records) == 100
+  assert comm.total_bytes(records, counts=[2, 3]) == 221
+
+
+def test_allreduce_matches_pmean_and_hlo_bytes():
+  workers = runtime.layout(8, devices=8)
+  params = {'w': jnp.ones((8, 5, 3)), 'b': jnp.ones((8, 3))}
+  grads = jax.tree.map(lambda p: jnp.arange(p.size, dtype=jnp.float32).reshape(p.shape), params)
+  tx = jd.sync.allreduce(axis_name=workers.axis_name)
+  state = jax.vmap(tx.init)(params)
+
+  def update(g, s, p):
+    return tx.update(g, s, p)
+
+  step = jax.jit(workers.map(update, in_axes=(0, 0, 0)))
+  args = [jax.device_put(t, workers.sharding) for t in (grads, state, params)]
+  out, new_state = step(*args)
+  for key in params:
+    np.testing.assert_allclose(out[key], np.broadcast_to(grads[key].mean(0), grads[key].shape))
+  (record,) = comm.find_transfers(new_state)
+  np.testing.assert_array_equal(record.count, np.ones(8))
+  assert record.nbytes == comm.tree_nbytes(jax.tree.map(lambda x: x[0], params)) == (15 + 3) * 4
+
+  hlo = step.lower(*args).compile().as_text()
+  collectives = comm.hlo.collectives(hlo)
+  assert collectives, hlo
+  assert {c.kind for c in collectives} == {'all-reduce'}
+  assert {d for c in collectives for d in c.dtypes} == {'f32'}
+  assert sum(c.nbytes for c in collectives) == record.nbytes
+
+
+def test_init_does_not_communicate():
+  tx = optax.chain(jd.sync.allreduce(axis_name=('data', 'sim')), optax.sgd(0.1))
+  state = jax.eval_shape(tx.init, {'w': jnp.zeros((4,))})  # outside any mesh
+  (record,) = comm.find_transfers(state)
+  assert record.nbytes == 16
+
+
+
+def test_hlo_parser_reads_operand_types_and_async_pairs():
+  text = """
+  %p = f32[10,2]{1,0} parameter(0)
+  %i = s32[7]{0} parameter(1)
+  %ag = (f32[80,2]{1,0}, s32[56]{0}) all-gather(%p, %i), dimensions={0}
+  %ars = f32[10,2]{1,0} all-reduce-start(f32[10,2]{1,0} %p), to_apply=%add
+  %ard = f32[10,2]{1,0} all-reduce-done(%ars)
+  ROOT %cp = s8[4]{0} collective-permute(s8[4]{0} %q), source_target_pairs={{0,1}}
+  """
+  found = comm.hlo.collectives(text)
+  assert [(c.kind, c.dtypes, c.nbytes) for c in found] == [
+    ('all-gather', ('f32', 's32'), 80 + 28),
+    ('all-reduce', ('f32',), 80),
+    ('collective-permute', ('s8',), 4),
+  ]
