@@ -48,8 +48,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.keep_checkpoints = 2
   config.progress = True
 
-  # Fault injection for recovery experiments: SIGKILL the process right after
-  # this step is checkpointed (0 = never).
+  # Fault injection for recovery experiments: SIGKILL the process after this
+  # step is logged, losing the steps since the last checkpoint (0 = never).
   config.fault = ml_collections.ConfigDict()
   config.fault.kill_at_step = 0
 

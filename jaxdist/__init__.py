@@ -8,4 +8,4 @@ from jaxdist import comm, data, models, runtime, sync, train
 
 __version__ = '0.1.0'
 
-__all__ = ["comm", "data", "models", "runtime", "sync", "train"]
+__all__ = ['comm', 'data', 'models', 'runtime', 'sync', 'train']

@@ -68,7 +68,9 @@ class Workers:
 
   def local_workers(self) -> range:
     """Indices of the workers whose data this process must provide."""
-    mine = [i for i, d in enumerate(self.mesh.devices.flat) if d.process_index == jax.process_index()]
+    mine = [
+      i for i, d in enumerate(self.mesh.devices.flat) if d.process_index == jax.process_index()
+    ]
     lo, hi = min(mine), max(mine) + 1
     if hi - lo != len(mine):
       raise ValueError('this process holds non-contiguous devices of the mesh')
@@ -157,7 +159,9 @@ def initialize_distributed(
     except ValueError:
       if host == 'localhost':
         bind = f'127.0.0.1:{port}'
-  logging.info('jax.distributed.initialize(%s, %s, %s)', coordinator_address, num_processes, process_id)
+  logging.info(
+    'jax.distributed.initialize(%s, %s, %s)', coordinator_address, num_processes, process_id
+  )
   jax.distributed.initialize(
     coordinator_address=coordinator_address,
     num_processes=num_processes,

@@ -87,7 +87,6 @@ def test_init_does_not_communicate():
   assert record.nbytes == 16
 
 
-
 def test_hlo_parser_reads_operand_types_and_async_pairs():
   text = """
   %p = f32[10,2]{1,0} parameter(0)

@@ -18,7 +18,9 @@ def test_digits_is_a_real_tfds_dataset_with_a_fixed_split(digits, data_dir):
   # every fifth example is test, in order
   np.testing.assert_array_equal(digits.test.images[:, :, :, 0], reference.images[::5])
   np.testing.assert_array_equal(digits.test.labels, reference.target[::5])
-  np.testing.assert_array_equal(np.sort(digits.train.labels), np.sort(np.delete(reference.target, np.s_[::5])))
+  np.testing.assert_array_equal(
+    np.sort(digits.train.labels), np.sort(np.delete(reference.target, np.s_[::5]))
+  )
 
 
 def test_normalize_uses_train_statistics(digits):
@@ -39,7 +41,9 @@ def test_batch_order_is_a_pure_function_of_seed_and_step():
 def test_workers_split_the_global_batch_in_order():
   idx = data.worker_indices(5, seed=0, num_examples=1000, workers=8, per_worker=4)
   assert idx.shape == (8, 4)
-  np.testing.assert_array_equal(idx.reshape(-1), data.batch_indices(5, seed=0, num_examples=1000, batch_size=32))
+  np.testing.assert_array_equal(
+    idx.reshape(-1), data.batch_indices(5, seed=0, num_examples=1000, batch_size=32)
+  )
 
 
 def test_batch_larger_than_dataset_is_an_error():

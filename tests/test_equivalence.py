@@ -52,7 +52,10 @@ def test_allreduce_equals_single_device_global_batch(digits, devices, model_name
   expected = run_single_device(model, digits)
   got = run_workers(model, digits, workers)
   initial, _ = step_lib.init_params(model, jax.random.key(0), digits.image_shape)
-  moved = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(initial)))
+  moved = max(
+    float(np.max(np.abs(a - b)))
+    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(initial), strict=True)
+  )
   assert moved > 1e-2  # the reference really trained
   for w in range(8):
     jax.tree.map(

@@ -31,12 +31,18 @@ def test_resnet20_has_about_270k_parameters_and_batch_stats():
   count = sum(x.size for x in jax.tree.leaves(variables['params']))
   assert 0.26e6 < count < 0.28e6  # He et al. 2016, Table 6: 0.27M
   assert 'batch_stats' in variables
-  convs = [p for p in jax.tree_util.tree_flatten_with_path(variables['params'])[0] if 'Conv' in str(p[0]) and 'kernel' in str(p[0])]
+  convs = [
+    p
+    for p in jax.tree_util.tree_flatten_with_path(variables['params'])[0]
+    if 'Conv' in str(p[0]) and 'kernel' in str(p[0])
+  ]
   assert sum(1 for path, k in convs if k.shape[:2] == (3, 3)) == 19  # 1 + 3 stages x 3 blocks x 2
   _, updates = model.apply(variables, jnp.ones((4, 32, 32, 3)), train=True, mutable=['batch_stats'])
   assert jax.tree.structure(updates['batch_stats']) == jax.tree.structure(variables['batch_stats'])
 
 
 def test_unknown_model_lists_the_choices():
-  with pytest.raises(ValueError, match=r"unknown model 'vgg99'; choose one of \['cnn', 'mlp', 'resnet20'\]"):
+  with pytest.raises(
+    ValueError, match=r"unknown model 'vgg99'; choose one of \['cnn', 'mlp', 'resnet20'\]"
+  ):
     models.get('vgg99', num_classes=10)

@@ -12,6 +12,8 @@ reading need no TensorFlow; the files are array_record, read with
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -22,7 +24,9 @@ class Digits(tfds.core.GeneratorBasedBuilder):
   """scikit-learn's 8x8 digits, with a fixed train/test split."""
 
   VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': "Every fifth example is test; records in scikit-learn's order."}
+  RELEASE_NOTES: ClassVar[dict[str, str]] = {
+    '1.0.0': "Every fifth example is test; records in scikit-learn's order."
+  }
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
@@ -37,12 +41,17 @@ class Digits(tfds.core.GeneratorBasedBuilder):
       supervised_keys=('image', 'label'),
       disable_shuffling=True,  # keep scikit-learn's order
       homepage='https://scikit-learn.org/stable/datasets/toy_dataset.html#digits-dataset',
-      citation='Alpaydin & Kaynak, "Optical Recognition of Handwritten Digits", UCI ML Repository, 1998.',
+      citation=(
+        'Alpaydin & Kaynak, "Optical Recognition of Handwritten Digits", UCI ML Repository, 1998.'
+      ),
     )
 
   def _split_generators(self, dl_manager):
     del dl_manager  # bundled with scikit-learn: nothing to download
-    return {'train': self._generate_examples(test=False), 'test': self._generate_examples(test=True)}
+    return {
+      'train': self._generate_examples(test=False),
+      'test': self._generate_examples(test=True),
+    }
 
   def _generate_examples(self, test: bool):
     from sklearn.datasets import load_digits

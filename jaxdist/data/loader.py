@@ -188,7 +188,9 @@ def batch_indices(step: int, *, seed: int, num_examples: int, batch_size: int) -
   return _permutation(seed, epoch, num_examples)[i * batch_size : (i + 1) * batch_size]
 
 
-def worker_indices(step: int, *, seed: int, num_examples: int, workers: int, per_worker: int) -> np.ndarray:
+def worker_indices(
+  step: int, *, seed: int, num_examples: int, workers: int, per_worker: int
+) -> np.ndarray:
   """Global batch `step` as example indices [workers, per_worker]; row w is worker w's."""
   idx = batch_indices(step, seed=seed, num_examples=num_examples, batch_size=workers * per_worker)
   return idx.reshape(workers, per_worker)

@@ -44,4 +44,3 @@ def allreduce(*, axis_name: comm.AxisName) -> optax.GradientTransformation:
     return updates, AllReduceState(wire)
 
   return optax.GradientTransformation(init_fn, update_fn)
-

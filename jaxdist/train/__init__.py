@@ -7,13 +7,14 @@ from jaxdist.train.step import (
   make_reference_step,
   make_train_step,
 )
-from jaxdist.train.trainer import ConfigError, Experiment, build, train_and_evaluate
+from jaxdist.train.trainer import ConfigError, Experiment, build, load_config, train_and_evaluate
 
 __all__ = [
   'ConfigError',
   'Experiment',
   'TrainState',
   'build',
+  'load_config',
   'make_eval_step',
   'make_init',
   'make_reference_step',

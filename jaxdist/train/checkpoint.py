@@ -8,9 +8,12 @@ step: batches are a pure function of seed and step) and of the run.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 
@@ -55,3 +58,33 @@ def abstract(tree: Any, shardings: Any) -> Any:
   return jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
   )
+
+
+def read(directory: str, step: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+  """A checkpoint as plain NumPy, whatever devices or processes wrote it.
+
+  Args:
+    directory: the `checkpoints` directory of a run.
+    step: which checkpoint (default the latest).
+
+  Returns:
+    (state as nested dicts of np.ndarray with a leading worker axis, metadata).
+  """
+  if step is None:
+    manager = ocp.CheckpointManager(
+      directory, item_names=('state', 'meta'), options=ocp.CheckpointManagerOptions(read_only=True)
+    )
+    step = manager.latest_step()
+    manager.close()
+    if step is None:
+      raise FileNotFoundError(f'no checkpoint in {directory}')
+  path = os.path.join(os.path.abspath(directory), str(step))
+  reader = ocp.PyTreeCheckpointer()
+  tree = reader.metadata(os.path.join(path, 'state')).item_metadata.tree
+  restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+  state = reader.restore(
+    os.path.join(path, 'state'), args=ocp.args.PyTreeRestore(restore_args=restore_args)
+  )
+  with open(os.path.join(path, 'meta', 'metadata')) as f:
+    meta = json.load(f)
+  return state, meta

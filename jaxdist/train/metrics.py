@@ -68,7 +68,7 @@ class MetricsWriter:
       return
     kept = [r for r in read_jsonl(self.path) if r['step'] <= resume_step]
     write_atomic(self.path, ''.join(json.dumps(r) + '\n' for r in kept))
-    self._file = open(self.path, 'a')
+    self._file = open(self.path, 'a')  # noqa: SIM115 - lives as long as the writer
     self._tb = tensorboardX.SummaryWriter(
       os.path.join(workdir, 'tensorboard'), purge_step=resume_step + 1 if resume_step else None
     )

@@ -8,7 +8,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def human_bytes(n: float) -> str:
@@ -23,7 +23,12 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]])
   """A plain-text table; `columns` are (key, heading) pairs."""
   cells = [[h for _, h in columns]] + [[_fmt(r.get(k)) for k, _ in columns] for r in rows]
   widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-  lines = ['  '.join(c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(row, widths))) for row in cells]
+  lines = [
+    '  '.join(
+      c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(row, widths, strict=True))
+    )
+    for row in cells
+  ]
   lines.insert(1, '  '.join('-' * w for w in widths))
   return '\n'.join(lines)
 
@@ -45,7 +50,9 @@ def plot_curves(records: Sequence[Mapping[str, Any]], path: str, title: str = ''
   ax_loss.plot([r['step'] for r in evals], [r['test_loss'] for r in evals], 'o-', label='test')
   ax_loss.set_yscale('log')
   ax_loss.set(xlabel='step', ylabel='loss')
-  ax_acc.plot(steps, [r['accuracy'] for r in records if 'loss' in r], lw=1, alpha=0.6, label='train (batch)')
+  ax_acc.plot(
+    steps, [r['accuracy'] for r in records if 'loss' in r], lw=1, alpha=0.6, label='train (batch)'
+  )
   ax_acc.plot([r['step'] for r in evals], [r['test_accuracy'] for r in evals], 'o-', label='test')
   ax_acc.set(xlabel='step', ylabel='accuracy', ylim=(0, 1.01))
   for ax in (ax_loss, ax_acc):

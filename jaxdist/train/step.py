@@ -83,7 +83,9 @@ def make_train_step(
 
   def worker_step(state: TrainState, x, y):
     grad_fn = jax.value_and_grad(loss_fn, argnums=1, has_aux=True)
-    (loss, (logits, model_state)), grads = grad_fn(model, state.params, state.model_state, x, y, True)
+    (loss, (logits, model_state)), grads = grad_fn(
+      model, state.params, state.model_state, x, y, True
+    )
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     accuracy = jnp.mean(jnp.argmax(logits, -1) == y)

@@ -10,6 +10,7 @@ checkpoints every N steps and at the end, and a summary table and plot.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -32,6 +33,29 @@ PLOT_FILE = 'curves.png'
 
 class ConfigError(ValueError):
   """The config, flags or work directory cannot run; the message says why."""
+
+
+def load_config(spec: str, **overrides: Any) -> ml_collections.ConfigDict:
+  """A config from `path/to/config.py[:arg]`, as `--config=` reads it.
+
+  Args:
+    spec: the config file, optionally followed by `:arg` (e.g. `:runlocal`).
+    **overrides: dotted keys to set afterwards, e.g. `**{'sync.method': 'allreduce'}`.
+  """
+  path, _, arg = spec.partition(':')
+  module_spec = importlib.util.spec_from_file_location('_jaxdist_config', path)
+  if module_spec is None or not os.path.exists(path):
+    raise ConfigError(f'no config file at {path}')
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  config = module.get_config(arg or None)
+  for key, value in overrides.items():
+    *parents, leaf = key.split('.')
+    node = config
+    for parent in parents:
+      node = node[parent]
+    node[leaf] = value
+  return config
 
 
 # --- names to objects --------------------------------------------------------
@@ -72,7 +96,9 @@ SYNC_METHODS = {
 }
 
 
-def build_chain(config: ml_collections.ConfigDict, axis_name) -> tuple[optax.GradientTransformation, Any]:
+def build_chain(
+  config: ml_collections.ConfigDict, axis_name
+) -> tuple[optax.GradientTransformation, Any]:
   method = config.sync.method
   if method not in SYNC_METHODS:
     raise ValueError(f'unknown sync.method {method!r}; choose one of {sorted(SYNC_METHODS)}')
@@ -106,7 +132,14 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
   try:
     if os.path.exists(workdir) and not os.path.isdir(workdir):
       raise ValueError(f'workdir {workdir} exists and is not a directory; pass a directory path')
-    for key in ('steps', 'batch_size', 'workers', 'eval_every', 'checkpoint_every', 'keep_checkpoints'):
+    for key in (
+      'steps',
+      'batch_size',
+      'workers',
+      'eval_every',
+      'checkpoint_every',
+      'keep_checkpoints',
+    ):
       if config[key] < 1:
         raise ValueError(f'{key} must be >= 1, got {config[key]}')
     if config.batch_size % config.workers:
@@ -126,7 +159,9 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
       train_split=config.dataset.train_split,
       test_split=config.dataset.test_split,
     )
-    data.batch_indices(0, seed=config.seed, num_examples=len(ds.train), batch_size=config.batch_size)
+    data.batch_indices(
+      0, seed=config.seed, num_examples=len(ds.train), batch_size=config.batch_size
+    )
     model = models.get(config.model.name, num_classes=ds.num_classes)
   except ValueError as e:
     raise ConfigError(str(e)) from e
@@ -156,13 +191,15 @@ def _eval_chunks(exp: Experiment) -> list[tuple[jax.Array, ...]]:
   chunks = []
   for start in range(0, len(split), chunk):
     n = min(chunk, len(split) - start)
-    pad = lambda a: np.concatenate([a, np.zeros((chunk - n, *a.shape[1:]), a.dtype)])
     arrays = (
-      pad(exp.dataset.normalize(split.images[start : start + n])),
-      pad(split.labels[start : start + n]),
-      pad(np.ones(n, np.float32)),
+      exp.dataset.normalize(split.images[start : start + n]),
+      split.labels[start : start + n],
+      np.ones(n, np.float32),
     )
-    chunks.append(tuple(jax.make_array_from_callback(a.shape, sharding, lambda i, a=a: a[i]) for a in arrays))
+    arrays = [np.concatenate([a, np.zeros((chunk - n, *a.shape[1:]), a.dtype)]) for a in arrays]
+    chunks.append(
+      tuple(jax.make_array_from_callback(a.shape, sharding, lambda i, a=a: a[i]) for a in arrays)
+    )
   return chunks
 
 
@@ -209,7 +246,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     target = checkpoint.abstract(state_shape, jax.tree.map(lambda _: workers.sharding, state_shape))
     try:
       state, meta = ckpt.restore(start, target)
-    except Exception as e:  # noqa: BLE001 - any mismatch means this config cannot resume here
+    except Exception as e:
       raise ConfigError(
         f'cannot resume from the checkpoint at step {start} in {workdir}: it does not match this '
         f'config ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}). '
@@ -225,7 +262,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   chunks = _eval_chunks(exp)
   n = workers.count
   payload_per_step = lambda counts: comm.total_bytes(transfers, counts) / n
-  sent_per_step = lambda counts: sum(t.sent_bytes(n) * int(c) for t, c in zip(transfers, counts)) / n
+  sent_per_step = lambda counts: (
+    sum(t.sent_bytes(n) * int(c) for t, c in zip(transfers, counts, strict=True)) / n
+  )
 
   last_eval: dict[str, float] = {}
   pending = None  # (step, device metrics): fetched one step late
@@ -271,12 +310,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if done % cfg.eval_every == 0 or done == cfg.steps:
       last_eval = _evaluate(eval_step, state, chunks)
       evals[done] = last_eval
-    if done % cfg.checkpoint_every == 0 or done == cfg.steps or done == cfg.fault.kill_at_step:
+    if done % cfg.checkpoint_every == 0 or done == cfg.steps:
       flush_pending()
       writer.flush()  # the log reaches the checkpoint's step before the checkpoint commits
       ckpt.save(done, state, {'step': done, 'seed': cfg.seed})
     if done == cfg.fault.kill_at_step:
-      ckpt.wait()
+      # A crash between checkpoints: steps after the last one are logged, then lost.
+      flush_pending()
+      writer.flush()
+      ckpt.wait()  # only so that which checkpoint survives is deterministic
       logging.warning('fault.kill_at_step=%d: killing this process (SIGKILL)', done)
       os.kill(os.getpid(), signal.SIGKILL)
   flush_pending()
@@ -307,7 +349,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   if lead:
     metrics.write_atomic(os.path.join(workdir, SUMMARY_FILE), json.dumps(summary, indent=2))
     report.plot_curves(
-      records, os.path.join(workdir, PLOT_FILE), f'{cfg.model.name} on {cfg.dataset.name}, {n} workers, {cfg.sync.method}'
+      records,
+      os.path.join(workdir, PLOT_FILE),
+      f'{cfg.model.name} on {cfg.dataset.name}, {n} workers, {cfg.sync.method}',
     )
     print()
     print(report.table([summary], SUMMARY_COLUMNS))

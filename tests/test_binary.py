@@ -1,0 +1,143 @@
+"""End to end: the absl binary runs, resumes after SIGKILL, and refuses bad input."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+
+from jaxdist.train import checkpoint, metrics
+
+from conftest import binary_cmd, binary_env
+
+pytestmark = pytest.mark.slow
+
+CONFIG = 'configs/digits.py:runlocal'
+TIMEOUT = 300
+
+
+def run_binary(workdir, data_dir, *overrides, check=True):
+  proc = subprocess.run(
+    binary_cmd(
+      f'--config={os.path.join(os.path.dirname(__file__), "..", CONFIG)}',
+      f'--workdir={workdir}',
+      *overrides,
+    ),
+    env=binary_env(data_dir),
+    capture_output=True,
+    text=True,
+    timeout=TIMEOUT,
+  )
+  if check and proc.returncode != 0:
+    raise AssertionError(f'binary failed ({proc.returncode}):\n{proc.stderr[-4000:]}')
+  return proc
+
+
+def params_of(workdir, step=None):
+  state, meta = checkpoint.read(os.path.join(workdir, 'checkpoints'), step)
+  return state['params'], meta
+
+
+def assert_trees_equal(a, b, atol=0.0):
+  assert sorted(a) == sorted(b)
+  for key in a:
+    if isinstance(a[key], dict):
+      assert_trees_equal(a[key], b[key], atol)
+    else:
+      np.testing.assert_allclose(a[key], b[key], rtol=0, atol=atol, err_msg=key)
+
+
+@pytest.fixture(scope='module')
+def finished_run(tmp_path_factory, data_dir):
+  workdir = tmp_path_factory.mktemp('run')
+  proc = run_binary(workdir, data_dir)
+  return workdir, proc
+
+
+def test_runlocal_writes_logs_checkpoints_plot_and_summary(finished_run):
+  workdir, proc = finished_run
+  records = metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  assert [r['step'] for r in records] == list(range(1, 21))
+  assert {'loss', 'accuracy', 'learning_rate', 'payload_bytes', 'sent_bytes'} <= set(records[0])
+  assert [r['step'] for r in records if 'test_accuracy' in r] == [10, 20]
+  assert records[-1]['loss'] < records[0]['loss']
+  summary = json.loads((workdir / 'summary.json').read_text())
+  assert summary['workers'] == 8 and summary['steps'] == 20
+  assert summary['test_accuracy'] == records[-1]['test_accuracy'] > 0.5
+  # dense all-reduce of the CNN's float32 gradient, every step
+  params, meta = params_of(workdir)
+  n_bytes = sum(v.size // 8 * 4 for layer in params.values() for v in layer.values())
+  assert all(r['payload_bytes'] == n_bytes for r in records)
+  assert meta['step'] == 20
+  assert (workdir / 'curves.png').stat().st_size > 10_000
+  assert list((workdir / 'tensorboard').iterdir())
+  assert 'test acc' in proc.stdout and 'samples/s' in proc.stdout
+
+
+def test_sigkill_and_resume_equals_straight_run(tmp_path, data_dir):
+  straight, crashed = tmp_path / 'straight', tmp_path / 'crashed'
+  common = ['--config.checkpoint_every=5', '--config.eval_every=5']
+  run_binary(straight, data_dir, *common)
+
+  proc = run_binary(crashed, data_dir, *common, '--config.fault.kill_at_step=12', check=False)
+  assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+  logged = [r['step'] for r in metrics.read_jsonl(os.path.join(crashed, 'metrics.jsonl'))]
+  assert logged == list(range(1, 13))  # steps 11, 12 are logged but not checkpointed
+  assert checkpoint.read(os.path.join(crashed, 'checkpoints'))[1]['step'] == 10
+
+  run_binary(crashed, data_dir, *common)
+  want = metrics.read_jsonl(os.path.join(straight, 'metrics.jsonl'))
+  got = metrics.read_jsonl(os.path.join(crashed, 'metrics.jsonl'))
+  assert [r['step'] for r in got] == list(range(1, 21))  # none duplicated, none missing
+  assert got == want
+  assert_trees_equal(params_of(crashed)[0], params_of(straight)[0])
+
+
+def tree_digest(path) -> str:
+  digest = hashlib.sha256()
+  for root, dirs, files in sorted(os.walk(path)):
+    dirs.sort()
+    for name in sorted(files):
+      digest.update(os.path.relpath(os.path.join(root, name), path).encode())
+      with open(os.path.join(root, name), 'rb') as f:
+        digest.update(f.read())
+  return digest.hexdigest()
+
+
+@pytest.mark.parametrize(
+  'overrides, message',
+  [
+    (['--config.model.name=vgg99'], "unknown model 'vgg99'"),
+    (['--config.dataset.name=no_such_data'], "unknown dataset 'no_such_data'"),
+    (['--config.batch_size=100'], 'batch_size 100 (global) is not divisible by workers 8'),
+    (['--config.dataset.name=mnist'], "tfds dataset 'mnist' is not prepared"),
+    (['--config.sync.method=gossipy'], "unknown sync.method 'gossipy'"),
+    (['--config.model.name=mlp'], 'cannot resume from the checkpoint at step 20'),
+  ],
+  ids=['model', 'dataset', 'batch', 'unprepared', 'sync', 'mismatched-resume'],
+)
+def test_bad_input_fails_clearly_and_keeps_the_checkpoint(
+  finished_run, data_dir, overrides, message
+):
+  workdir, _ = finished_run
+  before = tree_digest(workdir / 'checkpoints')
+  log_before = (workdir / 'metrics.jsonl').read_text()
+  proc = run_binary(workdir, data_dir, *overrides, check=False)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  errors = [line for line in proc.stderr.splitlines() if line.startswith('error: ')]
+  assert len(errors) == 1 and message in errors[0], proc.stderr[-3000:]
+  assert 'Traceback' not in proc.stderr
+  assert tree_digest(workdir / 'checkpoints') == before
+  assert (workdir / 'metrics.jsonl').read_text() == log_before
+
+
+def test_workdir_that_is_a_file(tmp_path, data_dir):
+  path = tmp_path / 'not_a_dir'
+  path.write_text('precious')
+  proc = run_binary(path, data_dir, check=False)
+  assert proc.returncode == 2
+  assert f'error: workdir {path} exists and is not a directory' in proc.stderr
+  assert path.read_text() == 'precious'

@@ -1,0 +1,91 @@
+"""2 processes x 4 CPU devices on 127.0.0.1 == 1 process x 8 devices."""
+
+import os
+import socket
+import subprocess
+
+import numpy as np
+import pytest
+
+from jaxdist.train import checkpoint, metrics
+
+from conftest import REPO, binary_cmd, binary_env
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT = 240
+STEPS = 6
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def flat(tree, prefix=''):
+  for key, value in sorted(tree.items()):
+    if isinstance(value, dict):
+      yield from flat(value, f'{prefix}{key}/')
+    else:
+      yield prefix + key, value
+
+
+def test_two_processes_match_one(tmp_path, data_dir):
+  config = [
+    f'--config={os.path.join(REPO, "configs/digits.py")}:runlocal',
+    f'--config.steps={STEPS}',
+    '--config.eval_every=3',
+    '--config.checkpoint_every=3',
+    '--config.progress=False',
+  ]
+  env = binary_env(data_dir)
+  single = tmp_path / 'single'
+  subprocess.run(
+    binary_cmd(*config, f'--workdir={single}', '--cpu_devices=8'),
+    env=env, check=True, capture_output=True, timeout=TIMEOUT,
+  )  # fmt: skip
+
+  multi = tmp_path / 'multi'
+  address = f'127.0.0.1:{free_port()}'
+  procs = [
+    subprocess.Popen(
+      binary_cmd(
+        *config,
+        f'--workdir={multi}',
+        '--cpu_devices=4',
+        f'--coordinator_address={address}',
+        '--num_processes=2',
+        f'--process_id={i}',
+      ),
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
+  try:
+    outputs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
+  finally:
+    for p in procs:  # a dead peer aborts (not raises in) the survivor: never leave one behind
+      p.kill()
+  for p, out in zip(procs, outputs, strict=True):
+    assert p.returncode == 0, out[-3000:]
+  assert '8 workers = 8 devices (cpu) x 1 simulated' in outputs[0]
+
+  want, want_meta = checkpoint.read(os.path.join(single, 'checkpoints'))
+  got, got_meta = checkpoint.read(os.path.join(multi, 'checkpoints'))
+  assert want_meta['step'] == got_meta['step'] == STEPS
+  want, got = dict(flat(want['params'])), dict(flat(got['params']))
+  assert want.keys() == got.keys()
+  for key in want:
+    assert got[key].shape[0] == 8  # all 8 workers, from both processes
+    np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-6, err_msg=key)
+  # process 0 alone writes the log, and it matches the single-process run
+  want_log = metrics.read_jsonl(os.path.join(single, 'metrics.jsonl'))
+  got_log = metrics.read_jsonl(os.path.join(multi, 'metrics.jsonl'))
+  assert [r['step'] for r in got_log] == list(range(1, STEPS + 1))
+  for a, b in zip(want_log, got_log, strict=True):
+    assert a.keys() == b.keys()
+    np.testing.assert_allclose([a[k] for k in sorted(a)], [b[k] for k in sorted(b)], rtol=1e-5)

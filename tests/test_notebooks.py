@@ -1,0 +1,48 @@
+"""Every notebook is in sync with its py:percent twin and runs top to bottom."""
+
+import glob
+import os
+
+import jupytext
+import nbclient
+import pytest
+
+from conftest import REPO
+
+NOTEBOOKS = sorted(glob.glob(os.path.join(REPO, 'notebooks', '*.ipynb')))
+
+
+def sources(notebook):
+  return [(c.cell_type, c.source.strip()) for c in notebook.cells]
+
+
+@pytest.mark.parametrize('path', NOTEBOOKS, ids=os.path.basename)
+def test_ipynb_matches_its_py_percent_twin(path):
+  twin = path[: -len('.ipynb')] + '.py'
+  assert os.path.exists(twin), (
+    f'{path} has no py:percent twin; run `jupytext --set-formats ipynb,py:percent`'
+  )
+  assert sources(jupytext.read(path)) == sources(jupytext.read(twin)), (
+    f'{path} and {twin} differ; run `jupytext --sync {twin}`'
+  )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('path', NOTEBOOKS, ids=os.path.basename)
+def test_notebook_runs(path, tmp_path, data_dir, monkeypatch):
+  monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
+  monkeypatch.setenv('PYTHONPATH', REPO + os.pathsep + os.environ.get('PYTHONPATH', ''))
+  monkeypatch.delenv('XLA_FLAGS', raising=False)
+  notebook = jupytext.read(path[: -len('.ipynb')] + '.py')
+  # run in a copy of the notebooks folder so outputs land in tmp_path
+  workdir = tmp_path / 'notebooks'
+  workdir.mkdir()
+  os.symlink(os.path.join(REPO, 'configs'), tmp_path / 'configs')
+  nbclient.NotebookClient(
+    notebook, timeout=300, kernel_name='python3', resources={'metadata': {'path': str(workdir)}}
+  ).execute()
+  text = '\n'.join(
+    o.get('text', '') for c in notebook.cells if c.cell_type == 'code' for o in c.outputs
+  )
+  assert 'test accuracy' in text
+  assert (workdir / 'workdir' / 'quickstart' / 'metrics.jsonl').exists()
