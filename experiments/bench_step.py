@@ -55,9 +55,8 @@ def main(argv):
   x = rng.standard_normal((batch, *shape), dtype=np.float32)
   y = rng.integers(0, 10, batch).astype(np.int32)
   n_dev = len(jax.devices())
-  print(
-    f'{FLAGS.model}, input {shape}, global batch {batch}, {n_dev} {jax.devices()[0].platform} device(s)'
-  )
+  platform = jax.devices()[0].platform
+  print(f'{FLAGS.model}, input {shape}, global batch {batch}, {n_dev} {platform} device(s)')
 
   rows = []
   # Baseline: a plain jit of the whole global batch on one device.
