@@ -19,7 +19,7 @@ CONFIG = 'configs/digits.py:runlocal'
 TIMEOUT = 300
 
 
-def run_binary(workdir, data_dir, *overrides, check=True):
+def run_binary(workdir, data_dir, *overrides, check=True, cwd=None):
   proc = subprocess.run(
     binary_cmd(
       f'--config={os.path.join(os.path.dirname(__file__), "..", CONFIG)}',
@@ -30,6 +30,7 @@ def run_binary(workdir, data_dir, *overrides, check=True):
     capture_output=True,
     text=True,
     timeout=TIMEOUT,
+    cwd=cwd,
   )
   if check and proc.returncode != 0:
     raise AssertionError(f'binary failed ({proc.returncode}):\n{proc.stderr[-4000:]}')
@@ -52,9 +53,9 @@ def assert_trees_equal(a, b, atol=0.0):
 
 @pytest.fixture(scope='module')
 def finished_run(tmp_path_factory, data_dir):
-  workdir = tmp_path_factory.mktemp('run')
-  proc = run_binary(workdir, data_dir)
-  return workdir, proc
+  parent = tmp_path_factory.mktemp('run')
+  proc = run_binary('workdir', data_dir, cwd=parent)  # relative, as `make run` passes it
+  return parent / 'workdir', proc
 
 
 def test_runlocal_writes_logs_checkpoints_plot_and_summary(finished_run):

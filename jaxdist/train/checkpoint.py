@@ -22,7 +22,9 @@ class Checkpointer:
 
   def __init__(self, directory: str, *, keep: int):
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
-    self._manager = ocp.CheckpointManager(directory, options=options, item_names=('state', 'meta'))
+    self._manager = ocp.CheckpointManager(
+      os.path.abspath(directory), options=options, item_names=('state', 'meta')
+    )
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()

@@ -220,6 +220,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   Raises:
     ConfigError: a bad config or work directory, before anything is written.
   """
+  workdir = os.path.abspath(workdir)  # orbax takes absolute paths only
   exp = build(config, workdir)
   cfg, workers = exp.config, exp.workers
   lead = jax.process_index() == 0
