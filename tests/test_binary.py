@@ -142,3 +142,14 @@ def test_workdir_that_is_a_file(tmp_path, data_dir):
   assert proc.returncode == 2
   assert f'error: workdir {path} exists and is not a directory' in proc.stderr
   assert path.read_text() == 'precious'
+
+
+def test_rerunning_a_finished_run_reports_its_accuracy(finished_run, data_dir):
+  workdir, _ = finished_run
+  log_before = (workdir / 'metrics.jsonl').read_text()
+  summary_before = json.loads((workdir / 'summary.json').read_text())
+  run_binary(workdir, data_dir)
+  summary = json.loads((workdir / 'summary.json').read_text())
+  assert summary['steps_this_run'] == 0
+  assert summary['test_accuracy'] == summary_before['test_accuracy']
+  assert (workdir / 'metrics.jsonl').read_text() == log_before

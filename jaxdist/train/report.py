@@ -55,9 +55,10 @@ def plot_curves(records: Sequence[Mapping[str, Any]], path: str, title: str = ''
   )
   ax_acc.plot([r['step'] for r in evals], [r['test_accuracy'] for r in evals], 'o-', label='test')
   ax_acc.set(xlabel='step', ylabel='accuracy', ylim=(0, 1.01))
+  ax_loss.legend(loc='upper right')
+  ax_acc.legend(loc='lower right')
   for ax in (ax_loss, ax_acc):
     ax.grid(alpha=0.3)
-    ax.legend()
   if title:
     fig.suptitle(title)
   fig.tight_layout()

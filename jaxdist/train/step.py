@@ -117,16 +117,13 @@ def make_eval_step(model: nn.Module, workers: Workers) -> Callable[..., dict[str
 
   def evaluate(state: TrainState, x, y, mask):
     mean = lambda t: jax.tree.map(lambda a: jnp.mean(a, axis=0), t)
-    loss_vec, (logits, _) = _per_example(model, mean(state.params), mean(state.model_state), x, y)
+    variables = {'params': mean(state.params), **mean(state.model_state)}
+    logits = model.apply(variables, x, train=False)
+    loss_vec = optax.softmax_cross_entropy_with_integer_labels(logits, y)
     correct = (jnp.argmax(logits, -1) == y) * mask
     return {'loss': jnp.sum(loss_vec * mask), 'correct': jnp.sum(correct), 'count': jnp.sum(mask)}
 
   return jax.jit(evaluate, out_shardings=workers.replicated)
-
-
-def _per_example(model, params, model_state, x, y):
-  logits = model.apply({'params': params, **model_state}, x, train=False)
-  return optax.softmax_cross_entropy_with_integer_labels(logits, y), (logits, model_state)
 
 
 def make_reference_step(

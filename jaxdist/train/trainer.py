@@ -269,7 +269,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   last_eval: dict[str, float] = {}
   pending = None  # (step, device metrics): fetched one step late
-  timer = {'t0': None, 'steps': 0}
+  timer = {'t0': None, 'steps': 0, 'overhead': 0.0}  # overhead: eval + checkpoint time
 
   def flush_pending():
     nonlocal pending
@@ -308,6 +308,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     else:
       timer['steps'] += 1
     done = t + 1
+    tick = time.perf_counter()
     if done % cfg.eval_every == 0 or done == cfg.steps:
       last_eval = _evaluate(eval_step, state, chunks)
       evals[done] = last_eval
@@ -315,6 +316,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       flush_pending()
       writer.flush()  # the log reaches the checkpoint's step before the checkpoint commits
       ckpt.save(done, state, {'step': done, 'seed': cfg.seed})
+    if t != start:
+      timer['overhead'] += time.perf_counter() - tick
     if done == cfg.fault.kill_at_step:
       # A crash between checkpoints: steps after the last one are logged, then lost.
       flush_pending()
@@ -324,7 +327,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       os.kill(os.getpid(), signal.SIGKILL)
   flush_pending()
   jax.block_until_ready(state)
-  elapsed = time.perf_counter() - timer['t0'] if timer['t0'] else float('nan')
+  elapsed = time.perf_counter() - timer['t0'] - timer['overhead'] if timer['t0'] else float('nan')
+  if not last_eval:  # nothing left to train: report the checkpoint's model
+    last_eval = _evaluate(eval_step, state, chunks)
   bar.close()
   writer.close()
   ckpt.close()
