@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 run: $(VENV)/.installed
-	$(PY) experiments/train.py --config=$(CONFIG) --workdir=$(WORKDIR) $(ARGS)
+	$(PY) experiments/compare.py --config=$(CONFIG) --workdir=$(WORKDIR) $(ARGS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -n auto -q $(ARGS)

@@ -40,9 +40,33 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.warmup_steps = 20
 
   config.sync = ml_collections.ConfigDict()
-  config.sync.method = 'allreduce'
+  config.sync.method = 'allreduce'  # allreduce | compressed
+  # compressed: compressor and collective (see jaxdist.sync.compressed_allreduce)
+  config.sync.compressor = 'topk'  # topk mstopk dgc randomk threshold qsgd terngrad
+  #                                  sign ef_sign onebit powersgd cast identity
+  config.sync.ratio = 0.01  # kept fraction (sparsifiers)
+  config.sync.tau = 0.0  # threshold
+  config.sync.levels = 127  # qsgd (127 = 8 bits)
+  config.sync.bucket_size = 512  # qsgd
+  config.sync.rank = 2  # powersgd
+  config.sync.dtype = 'bfloat16'  # cast
+  config.sync.collective = 'allgather'  # allgather | allreduce (AR-Top-k) | auto
+  config.sync.auto_network = '10gbps'  # what `auto` prices against
+  config.sync.leader = 'star'  # AR-Top-k leader: star | var
+  config.sync.error_feedback = True
+  config.sync.fused = True  # compress the whole model as one vector
+  config.sync.min_size = 0  # smaller tensors are all-reduced dense
+  config.sync.momentum_correction = 0.0  # DGC (then use momentum 0 in the optimizer)
+  config.sync.nesterov = False
+  config.sync.warmup_steps = 0  # DGC sparsity warm-up
+  config.sync.clip = 0.0  # DGC local gradient clipping (max global norm; 0 = off)
 
-  config.eval_every = 50
+  # Modelled communication time (alpha-beta) on these networks, logged per step.
+  config.network = ml_collections.ConfigDict()
+  config.network.profiles = '1gbps,10gbps'  # names or specs like '20gbps@4ms'
+  config.network.algorithm = 'ring'  # all-reduce algorithm: ring | tree | ps
+
+  config.eval_every = 20
   config.eval_batch_size = 1024
   config.checkpoint_every = 100
   config.keep_checkpoints = 2
@@ -52,6 +76,23 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # step is logged, losing the steps since the last checkpoint (0 = never).
   config.fault = ml_collections.ConfigDict()
   config.fault.kill_at_step = 0
+
+  # Named variants for experiments/compare.py: overrides of the fields above.
+  # `compare` lists the ones it trains (the default `make run`).
+  compressed = dict(method='compressed', error_feedback=True)
+  config.variants = ml_collections.ConfigDict(
+    {
+      'dense': {'sync': {'method': 'allreduce'}},
+      'topk1_ef': {'sync': dict(compressed, compressor='topk', ratio=0.01, collective='allgather')},
+      'artopk1': {'sync': dict(compressed, compressor='topk', ratio=0.01, collective='allreduce')},
+      'powersgd2': {
+        'sync': dict(compressed, compressor='powersgd', rank=2, collective='allreduce')
+      },
+      'qsgd8': {'sync': dict(compressed, compressor='qsgd', levels=127, collective='allgather')},
+      'topk1_noef': {'sync': dict(compressed, compressor='topk', ratio=0.01, error_feedback=False)},
+    }
+  )
+  config.compare = 'dense,topk1_ef,artopk1,powersgd2'
 
   if arg == 'runlocal':
     config.steps = 20

@@ -93,7 +93,8 @@ def test_sigkill_and_resume_equals_straight_run(tmp_path, data_dir):
   want = metrics.read_jsonl(os.path.join(straight, 'metrics.jsonl'))
   got = metrics.read_jsonl(os.path.join(crashed, 'metrics.jsonl'))
   assert [r['step'] for r in got] == list(range(1, 21))  # none duplicated, none missing
-  assert got == want
+  assert all('step_s' in r for r in got)
+  assert [metrics.without_timings(r) for r in got] == [metrics.without_timings(r) for r in want]
   assert_trees_equal(params_of(crashed)[0], params_of(straight)[0])
 
 

@@ -44,11 +44,15 @@ class Transfer:
     nbytes: bytes each worker puts into the collective (its operand). Static.
     count: times the collective ran in the last step; 0 where a `lax.cond`
       skipped it. Per-worker int32.
+    op: what the collective does when that differs from its kind, for the
+      network model: 'broadcast' for an all-reduce in which only one worker
+      contributes (a real system would broadcast). Static.
   """
 
   kind: str = dataclasses.field(metadata=dict(static=True))
   nbytes: int = dataclasses.field(metadata=dict(static=True))
   count: jax.Array
+  op: str | None = dataclasses.field(default=None, metadata=dict(static=True))
 
   def sent_bytes(self, num_workers: int) -> float:
     """Bytes one worker sends for one run, with a bandwidth-optimal algorithm.
@@ -60,6 +64,8 @@ class Transfer:
     n = num_workers
     if n <= 1:
       return 0.0
+    if self.op == 'broadcast':
+      return (n - 1) / n * self.nbytes  # a pipelined broadcast sends each byte once
     factor = {
       ALL_REDUCE: 2 * (n - 1) / n,
       ALL_GATHER: n - 1,
@@ -69,11 +75,18 @@ class Transfer:
     return factor * self.nbytes
 
 
-def transfer(kind: str, nbytes: int, ran: jax.typing.ArrayLike = 1) -> Transfer:
+def transfer(
+  kind: str, nbytes: int, ran: jax.typing.ArrayLike = 1, op: str | None = None
+) -> Transfer:
   """A `Transfer` of `kind` with `nbytes` payload that ran `ran` times."""
   if kind not in KINDS:
     raise ValueError(f'kind must be one of {KINDS}, got {kind!r}')
-  return Transfer(kind=kind, nbytes=int(nbytes), count=jnp.asarray(ran, jnp.int32))
+  return Transfer(kind=kind, nbytes=int(nbytes), count=jnp.asarray(ran, jnp.int32), op=op)
+
+
+def ran(t: Transfer, times: jax.typing.ArrayLike) -> Transfer:
+  """`t` with its count set to `times` (e.g. 0 for a collective that did not run)."""
+  return dataclasses.replace(t, count=jnp.asarray(times, jnp.int32))
 
 
 def tree_nbytes(tree: Any) -> int:

@@ -17,6 +17,12 @@ from typing import Any
 import tensorboardX
 
 METRICS_FILE = 'metrics.jsonl'
+TIMING_KEYS = ('step_s',)  # wall-clock measurements: differ from run to run
+
+
+def without_timings(record: Mapping[str, Any]) -> dict[str, Any]:
+  """`record` less its wall-clock fields: what two identical runs must agree on."""
+  return {k: v for k, v in record.items() if k not in TIMING_KEYS}
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:

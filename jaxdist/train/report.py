@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -64,3 +65,39 @@ def plot_curves(records: Sequence[Mapping[str, Any]], path: str, title: str = ''
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+# --- the modelled clock --------------------------------------------------------
+
+
+def median_step_s(records: Sequence[Mapping[str, Any]]) -> float | None:
+  """Median measured step time: robust to the compile step and eval/checkpoint spikes."""
+  times = [r['step_s'] for r in records if r.get('step_s')]
+  return statistics.median(times) if times else None
+
+
+def modelled_clock(
+  records: Sequence[Mapping[str, Any]], network: str, compute_s: float
+) -> list[tuple[int, float]]:
+  """(step, seconds) of the modelled clock: `compute_s` per step + modelled communication.
+
+  `compute_s` is one worker's measured step without communication
+  (`trainer.measure_worker_step`); communication is the α-β time of what
+  each step really sent on `network`.
+  """
+  clock, out = 0.0, []
+  for r in records:
+    clock += compute_s + r.get(f'comm_s@{network}', 0.0)
+    out.append((r['step'], clock))
+  return out
+
+
+def time_to_accuracy(
+  records: Sequence[Mapping[str, Any]], target: float, network: str, compute_s: float
+) -> tuple[int, float] | None:
+  """(step, modelled seconds) of the first evaluation reaching `target`, or None."""
+  clock = dict(modelled_clock(records, network, compute_s))
+  for r in records:
+    if r.get('test_accuracy') is not None and r['test_accuracy'] >= target:
+      return r['step'], clock[r['step']]
+  return None

@@ -24,7 +24,7 @@ import numpy as np
 import optax
 import tqdm
 
-from jaxdist import comm, data, models, runtime, sync
+from jaxdist import comm, compress, data, models, netmodel, runtime, sync
 from jaxdist.train import checkpoint, metrics, report, step
 
 SUMMARY_FILE = 'summary.json'
@@ -89,10 +89,50 @@ def _sync_allreduce(cfg, axis_name):
   return sync.allreduce(axis_name=axis_name), None
 
 
+def build_compressor(cfg: ml_collections.ConfigDict):
+  """The compressor named `cfg.compressor`, with the hyper-parameters it takes."""
+  name = cfg.compressor
+  if name in ('topk', 'mstopk', 'dgc'):
+    return compress.REGISTRY[name](ratio=cfg.ratio)
+  if name == 'threshold':
+    return compress.threshold(tau=cfg.tau, ratio=cfg.ratio)
+  if name == 'randomk':
+    return compress.randomk(ratio=cfg.ratio)
+  if name == 'qsgd':
+    return compress.qsgd(levels=cfg.levels, bucket_size=cfg.bucket_size or None)
+  if name == 'powersgd':
+    return compress.powersgd(rank=cfg.rank)
+  if name == 'cast':
+    return compress.cast(dtype=cfg.dtype)
+  if name in ('identity', 'terngrad', 'sign', 'ef_sign', 'onebit'):
+    return compress.REGISTRY[name]()
+  raise ValueError(f'unknown sync.compressor {name!r}; choose one of {sorted(compress.REGISTRY)}')
+
+
+def _sync_compressed(cfg, axis_name):
+  tx = sync.compressed_allreduce(
+    build_compressor(cfg),
+    axis_name=axis_name,
+    collective=cfg.collective,
+    error_feedback=cfg.error_feedback,
+    fused=cfg.fused,
+    min_size=cfg.min_size,
+    leader=cfg.leader,
+    momentum_correction=cfg.momentum_correction,
+    nesterov=cfg.nesterov,
+    warmup_steps=cfg.warmup_steps,
+    network=cfg.auto_network,
+  )
+  if cfg.clip:
+    tx = optax.chain(sync.local_clip(cfg.clip, axis_name=axis_name), tx)
+  return tx, None
+
+
 # method name -> (sync config, axis_name) -> (gradient transform before the
 # optimizer, parameter transform after it); either may be None.
 SYNC_METHODS = {
   'allreduce': _sync_allreduce,
+  'compressed': _sync_compressed,
 }
 
 
@@ -118,6 +158,7 @@ class Experiment:
   tx: optax.GradientTransformation
   schedule: Any
   workers: runtime.Workers
+  networks: dict[str, netmodel.Network]
 
   @property
   def per_worker(self) -> int:
@@ -163,9 +204,18 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
       0, seed=config.seed, num_examples=len(ds.train), batch_size=config.batch_size
     )
     model = models.get(config.model.name, num_classes=ds.num_classes)
+    networks = {name: netmodel.profile(name) for name in _names(config.network.profiles)}
+    if config.network.algorithm not in netmodel.ALGORITHMS:
+      raise ValueError(
+        f'network.algorithm must be one of {netmodel.ALGORITHMS}, got {config.network.algorithm!r}'
+      )
   except ValueError as e:
     raise ConfigError(str(e)) from e
-  return Experiment(config, workdir, ds, model, tx, schedule, workers)
+  return Experiment(config, workdir, ds, model, tx, schedule, workers, networks)
+
+
+def _names(text: str) -> list[str]:
+  return [t.strip() for t in text.split(',') if t.strip()]
 
 
 # --- the loop ----------------------------------------------------------------
@@ -201,6 +251,34 @@ def _eval_chunks(exp: Experiment) -> list[tuple[jax.Array, ...]]:
       tuple(jax.make_array_from_callback(a.shape, sharding, lambda i, a=a: a[i]) for a in arrays)
     )
   return chunks
+
+
+def measure_worker_step(exp: Experiment, repeats: int = 20) -> float:
+  """Median seconds of one worker's step on its own: compute, compression, optimizer.
+
+  The same optax chain runs on a 1-worker layout (one local device) with the
+  per-worker batch; its collectives span one worker and cost nothing, so
+  this is a worker's step minus communication: the compute term of the
+  modelled clock.
+  """
+  one = runtime.layout(1, devices=1, device_list=jax.local_devices()[:1])
+  init = step.make_init(exp.model, exp.tx, one, exp.dataset.image_shape)
+  train_step = step.make_train_step(exp.model, exp.tx, one)
+  state = init(jax.random.key(exp.config.seed))
+  idx = data.batch_indices(
+    0, seed=exp.config.seed, num_examples=len(exp.dataset.train), batch_size=exp.per_worker
+  )
+  x = jax.device_put(exp.dataset.normalize(exp.dataset.train.images[idx])[None], one.sharding)
+  y = jax.device_put(exp.dataset.train.labels[idx][None], one.sharding)
+  state, m = train_step(state, x, y)  # compile
+  jax.block_until_ready(m)
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    state, m = train_step(state, x, y)
+    jax.block_until_ready(m)
+    times.append(time.perf_counter() - start)
+  return float(np.median(times))
 
 
 def _evaluate(eval_step, state, chunks) -> dict[str, float]:
@@ -266,10 +344,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   sent_per_step = lambda counts: (
     sum(t.sent_bytes(n) * int(c) for t, c in zip(transfers, counts, strict=True)) / n
   )
+  algorithm = cfg.network.algorithm
 
   last_eval: dict[str, float] = {}
   pending = None  # (step, device metrics): fetched one step late
-  timer = {'t0': None, 'steps': 0, 'overhead': 0.0}  # overhead: eval + checkpoint time
+  timer = {'t0': None, 'steps': 0, 'overhead': 0.0, 'fetched': None}  # overhead: eval + checkpoint
 
   def flush_pending():
     nonlocal pending
@@ -278,14 +357,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     t, m = pending
     pending = None
     m = jax.device_get(m)
+    now = time.perf_counter()
+    step_s, timer['fetched'] = (now - timer['fetched'] if timer['fetched'] else None), now
     counts = [int(c) for c in m.pop('wire')]
+    per_worker = [c / n for c in counts]  # every worker takes part in every collective
     record = {
       'loss': float(m['loss']),
       'accuracy': float(m['accuracy']),
       'learning_rate': float(exp.schedule(t - 1)),
       'payload_bytes': payload_per_step(counts),
       'sent_bytes': sent_per_step(counts),
+      'step_s': step_s,
     }
+    for name, net in exp.networks.items():
+      record[f'comm_s@{name}'] = netmodel.comm_time(transfers, n, net, algorithm, per_worker)
     if t in evals:
       record.update(evals.pop(t))
     writer.write(t, record)
@@ -336,6 +421,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   records = metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE)) if lead else []
   steps_done = cfg.steps - start
+  worker_s = measure_worker_step(exp)
   summary = {
     'dataset': cfg.dataset.name,
     'model': cfg.model.name,
@@ -349,9 +435,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     'payload_bytes_per_step': (
       sum(r['payload_bytes'] for r in records) / len(records) if records else None
     ),
+    'sent_bytes_per_step': sum(r['sent_bytes'] for r in records) / len(records)
+    if records
+    else None,
     'sent_bytes_per_worker': sum(r['sent_bytes'] for r in records) if records else None,
     'steps_this_run': steps_done,
+    'median_step_s': report.median_step_s(records),
+    'worker_step_s': worker_s,
   }
+  for name in exp.networks:
+    clock = report.modelled_clock(records, name, worker_s)
+    summary[f'modelled_s@{name}'] = clock[-1][1] if clock else None
   if lead:
     metrics.write_atomic(os.path.join(workdir, SUMMARY_FILE), json.dumps(summary, indent=2))
     report.plot_curves(
@@ -373,4 +467,6 @@ SUMMARY_COLUMNS = (
   ('samples_per_s', 'samples/s'),
   ('payload_bytes_per_step', 'payload B/worker/step'),
   ('sent_bytes_per_worker', 'sent B/worker (ring)'),
+  ('median_step_s', 'step s, all workers'),
+  ('worker_step_s', 'step s, one worker'),
 )

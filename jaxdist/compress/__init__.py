@@ -1,0 +1,106 @@
+"""Pure gradient compressors: encode / decode / exact wire size; no communication.
+
+c = jd.compress.topk(ratio=0.01)     # also mstopk, dgc, randomk, threshold,
+                                     # qsgd, terngrad, sign, ef_sign, onebit,
+                                     # powersgd, cast, identity
+"""
+
+from __future__ import annotations
+
+from jaxdist.compress.base import (
+  Compressor,
+  bits_for,
+  buckets,
+  check_ratio,
+  num_kept,
+  pack_bits,
+  unpack_bits,
+)
+from jaxdist.compress.lowrank import PowerSGD, orthogonalize
+from jaxdist.compress.quantize import QSGD, Cast, EFSign, Identity, OneBit, Sign, TernGrad
+from jaxdist.compress.sparsify import DGC, MSTopK, RandomK, Threshold, TopK, scatter, take
+
+identity = Identity
+topk = TopK
+mstopk = MSTopK
+dgc = DGC
+randomk = RandomK
+threshold = Threshold
+qsgd = QSGD
+terngrad = TernGrad
+sign = Sign
+ef_sign = EFSign
+onebit = OneBit
+cast = Cast
+powersgd = PowerSGD
+
+# name -> factory, for configs and flags
+REGISTRY = {
+  'identity': Identity,
+  'topk': TopK,
+  'mstopk': MSTopK,
+  'dgc': DGC,
+  'randomk': RandomK,
+  'threshold': Threshold,
+  'qsgd': QSGD,
+  'terngrad': TernGrad,
+  'sign': Sign,
+  'ef_sign': EFSign,
+  'onebit': OneBit,
+  'cast': Cast,
+  'powersgd': PowerSGD,
+}
+
+
+def warmup_ratios(final_ratio: float, stages: int) -> list[float]:
+  """DGC's exponential sparsity warm-up: stage e keeps final_ratio**((e+1)/(stages+1)).
+
+  With final 0.001 and 4 stages: 0.25, 0.063, 0.016, 0.004, then 0.001 — the
+  75% -> 99.9% sparsity ramp of Lin et al. (2018).
+  """
+  check_ratio(final_ratio)
+  if stages < 1:
+    raise ValueError(f'stages must be >= 1, got {stages}')
+  return [final_ratio ** ((e + 1) / (stages + 1)) for e in range(stages)] + [final_ratio]
+
+
+__all__ = [
+  'DGC',
+  'QSGD',
+  'REGISTRY',
+  'Cast',
+  'Compressor',
+  'EFSign',
+  'Identity',
+  'MSTopK',
+  'OneBit',
+  'PowerSGD',
+  'RandomK',
+  'Sign',
+  'TernGrad',
+  'Threshold',
+  'TopK',
+  'bits_for',
+  'buckets',
+  'cast',
+  'check_ratio',
+  'dgc',
+  'ef_sign',
+  'identity',
+  'mstopk',
+  'num_kept',
+  'onebit',
+  'orthogonalize',
+  'pack_bits',
+  'powersgd',
+  'qsgd',
+  'randomk',
+  'scatter',
+  'sign',
+  'take',
+  'terngrad',
+  'threshold',
+  'topk',
+  'unpack_bits',
+  'warmup_ratios',
+]

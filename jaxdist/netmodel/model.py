@@ -1,0 +1,188 @@
+"""α-β cost of collectives, network profiles, and calibration.
+
+A link costs α seconds per message (latency) plus β seconds per byte
+(β = 1/bandwidth). For N workers and M bytes (log base 2), from Table I of
+Tyagi & Swany (2023):
+
+  ring all-reduce     2(N-1)α + 2(N-1)/N·Mβ
+  tree all-reduce     2α·log N + 2·log N·Mβ
+  parameter server    2α + 2(N-1)Mβ
+  broadcast (tree)    α·log N + log N·Mβ
+  all-gather          α·log N + (N-1)Mβ        (M = each worker's part)
+  permute             α + Mβ                   (one neighbour exchange)
+  all-to-all          (N-1)α + (N-1)/N·Mβ
+
+AR-Top-k prices as a broadcast of the leader's indices plus an all-reduce of
+the values, which reproduces the paper's ART-Ring (4a) and ART-Tree (4b).
+
+Reference: Tyagi & Swany. Flexible Communication for Optimal Distributed
+Learning over Unpredictable Networks. IEEE BigData 2023.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+
+from jaxdist import comm
+
+ALGORITHMS = ('ring', 'tree', 'ps')
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+  """A link: `latency` α in seconds, `bandwidth` in bytes per second."""
+
+  latency: float
+  bandwidth: float
+  name: str = ''
+
+  def __post_init__(self):
+    if self.latency < 0:
+      raise ValueError(f'latency must be >= 0 seconds, got {self.latency}')
+    if self.bandwidth <= 0:
+      raise ValueError(f'bandwidth must be > 0 bytes/s, got {self.bandwidth}')
+
+  @property
+  def beta(self) -> float:
+    """Seconds per byte."""
+    return 1.0 / self.bandwidth
+
+  def __str__(self) -> str:
+    return self.name or f'{self.bandwidth * 8 / 1e9:g}gbps@{self.latency * 1e6:g}us'
+
+
+def gbps(gbit_per_s: float, latency_s: float, name: str = '') -> Network:
+  return Network(latency=latency_s, bandwidth=gbit_per_s * 1e9 / 8, name=name)
+
+
+# Representative latencies (assumptions, not measurements): commodity TCP over
+# 1 and 10 GbE, and RDMA at 100 Gbit/s.
+PROFILES = {
+  '1gbps': gbps(1, 100e-6, '1gbps'),
+  '10gbps': gbps(10, 25e-6, '10gbps'),
+  '100gbps': gbps(100, 5e-6, '100gbps'),
+}
+
+_SPEC = re.compile(r'^(?P<bw>[\d.]+)\s*gbps(?:@(?P<lat>[\d.]+)\s*(?P<unit>s|ms|us))?$')
+
+
+def profile(name: str) -> Network:
+  """A named profile ('1gbps', '10gbps', '100gbps') or a spec like '20gbps@4ms'."""
+  if name in PROFILES:
+    return PROFILES[name]
+  m = _SPEC.match(name.strip().lower())
+  if not m:
+    raise ValueError(
+      f'unknown network profile {name!r}; use one of {sorted(PROFILES)} or a spec like "20gbps@4ms"'
+    )
+  scale = {'s': 1.0, 'ms': 1e-3, 'us': 1e-6}[m['unit'] or 'us']
+  latency = float(m['lat']) * scale if m['lat'] else PROFILES['10gbps'].latency
+  return gbps(float(m['bw']), latency, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """A network that changes over training: phases of `steps` steps, repeated.
+
+  Attributes:
+    phases: (steps, Network) pairs, in order.
+  """
+
+  phases: tuple[tuple[int, Network], ...]
+
+  def __post_init__(self):
+    if not self.phases or any(s < 1 for s, _ in self.phases):
+      raise ValueError('a schedule needs phases of at least one step each')
+
+  def at(self, step: int) -> Network:
+    t = step % sum(s for s, _ in self.phases)
+    for steps, net in self.phases:
+      if t < steps:
+        return net
+      t -= steps
+    raise AssertionError
+
+
+def adopt_c1(steps_per_phase: int) -> Schedule:
+  """ADOPT's varying network (ALGORITHMS.md §1.4).
+
+  (α ms, Gbit/s) steps from (1, 25) to (32, 1) and back, `steps_per_phase` each.
+  """
+  up = [(1, 25), (2, 20), (4, 15), (8, 10), (16, 5), (32, 1)]
+  cycle = up + up[::-1]
+  return Schedule(
+    tuple((steps_per_phase, gbps(bw, ms * 1e-3, f'{bw}gbps@{ms}ms')) for ms, bw in cycle)
+  )
+
+
+# --- costs ---------------------------------------------------------------------
+
+
+def _log2(n: int) -> float:
+  return math.log2(n) if n > 1 else 0.0
+
+
+def allreduce(nbytes: float, n: int, net: Network, algorithm: str = 'ring') -> float:
+  if n <= 1:
+    return 0.0
+  a, b = net.latency, net.beta
+  if algorithm == 'ring':
+    return 2 * (n - 1) * a + 2 * (n - 1) / n * nbytes * b
+  if algorithm == 'tree':
+    return 2 * a * _log2(n) + 2 * _log2(n) * nbytes * b
+  if algorithm == 'ps':
+    return 2 * a + 2 * (n - 1) * nbytes * b
+  raise ValueError(f'algorithm must be one of {ALGORITHMS}, got {algorithm!r}')
+
+
+def broadcast(nbytes: float, n: int, net: Network) -> float:
+  return 0.0 if n <= 1 else net.latency * _log2(n) + _log2(n) * nbytes * net.beta
+
+
+def allgather(nbytes: float, n: int, net: Network) -> float:
+  return 0.0 if n <= 1 else net.latency * _log2(n) + (n - 1) * nbytes * net.beta
+
+
+def permute(nbytes: float, net: Network) -> float:
+  return net.latency + nbytes * net.beta
+
+
+def alltoall(nbytes: float, n: int, net: Network) -> float:
+  return 0.0 if n <= 1 else (n - 1) * net.latency + (n - 1) / n * nbytes * net.beta
+
+
+def artopk(value_bytes: float, n: int, net: Network, algorithm: str = 'ring') -> float:
+  """AR-Top-k: broadcast of the leader's k indices + all-reduce of k values."""
+  return broadcast(value_bytes, n, net) + allreduce(value_bytes, n, net, algorithm)
+
+
+def transfer_time(t: comm.Transfer, n: int, net: Network, algorithm: str = 'ring') -> float:
+  """Seconds one run of `t` takes among n workers."""
+  if t.op == 'broadcast':
+    return broadcast(t.nbytes, n, net)
+  if t.kind == comm.ALL_REDUCE:
+    return allreduce(t.nbytes, n, net, algorithm)
+  if t.kind == comm.ALL_GATHER:
+    return allgather(t.nbytes, n, net)
+  if t.kind == comm.PERMUTE:
+    return permute(t.nbytes, net)
+  if t.kind == comm.ALL_TO_ALL:
+    return alltoall(t.nbytes, n, net)
+  raise ValueError(f'no cost model for {t.kind!r}')
+
+
+def comm_time(
+  transfers: Sequence[comm.Transfer],
+  n: int,
+  net: Network,
+  algorithm: str = 'ring',
+  counts: Sequence[int] | None = None,
+) -> float:
+  """Seconds the `transfers` of one step take, each times its count."""
+  counts = [int(t.count) for t in transfers] if counts is None else counts
+  return sum(
+    c * transfer_time(t, n, net, algorithm) for t, c in zip(transfers, counts, strict=True)
+  )

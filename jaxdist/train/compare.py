@@ -1,0 +1,120 @@
+"""Several variants of one experiment, side by side: one table, one plot."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib.pyplot as plt
+import ml_collections
+
+from jaxdist.train import metrics, report, trainer
+
+TABLE_FILE = 'compare.md'
+PLOT_FILE = 'compare.png'
+
+
+def variant_config(base: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+  """`base` with the overrides of variant `name` applied."""
+  if name not in base.variants:
+    raise trainer.ConfigError(f'unknown variant {name!r}; the config has {sorted(base.variants)}')
+  config = ml_collections.ConfigDict(base.to_dict())
+  _update(config, base.variants[name].to_dict(), name)
+  return config
+
+
+def _update(node: ml_collections.ConfigDict, overrides: dict[str, Any], where: str) -> None:
+  for key, value in overrides.items():
+    if key not in node:
+      raise trainer.ConfigError(f'variant {where!r} sets {key!r}, which the config does not have')
+    if isinstance(value, dict):
+      _update(node[key], value, f'{where}.{key}')
+    else:
+      node[key] = value
+
+
+def run(
+  base: ml_collections.ConfigDict, workdir: str, names: Sequence[str]
+) -> list[dict[str, Any]]:
+  """Trains each variant in workdir/<name> (resuming any that exist); returns the table rows."""
+  if not names:
+    raise trainer.ConfigError('no variants to compare')
+  configs = {name: variant_config(base, name) for name in names}  # all checked before training
+  for name, config in configs.items():
+    trainer.build(config, os.path.join(workdir, name))
+  runs = {}
+  for name, config in configs.items():
+    print(f'\n=== {name}')
+    summary = trainer.train_and_evaluate(config, os.path.join(workdir, name))
+    records = metrics.read_jsonl(os.path.join(workdir, name, metrics.METRICS_FILE))
+    runs[name] = (summary, records)
+  networks = [n.strip() for n in base.network.profiles.split(',') if n.strip()]
+  rows = table_rows(runs, networks)
+  columns = COLUMNS + tuple((f'tta@{n}', f'time to {rows[0]["target"]:.4f} @{n}') for n in networks)
+  text = report.table(rows, columns)
+  note = 'modelled seconds = steps x one worker measured step + alpha-beta communication'
+  print(f'\n{text}\n\n(times: {note})')
+  with open(os.path.join(workdir, TABLE_FILE), 'w') as f:
+    f.write(text + '\n')
+  with open(os.path.join(workdir, 'compare.json'), 'w') as f:
+    json.dump(rows, f, indent=2)
+  plot(runs, networks, os.path.join(workdir, PLOT_FILE))
+  print(f'plot: {os.path.join(workdir, PLOT_FILE)}')
+  return rows
+
+
+COLUMNS = (
+  ('variant', 'variant'),
+  ('test_accuracy', 'test acc'),
+  ('delta_pp', 'vs first (pp)'),
+  ('payload', 'payload B/worker/step'),
+  ('sent', 'sent B/worker/step'),
+  ('worker_step_s', 'worker step s'),
+)
+
+
+def table_rows(runs: dict[str, tuple[dict, list]], networks: Sequence[str]) -> list[dict[str, Any]]:
+  """One row per variant; the first variant's final accuracy is everyone's target."""
+  first = next(iter(runs.values()))[0]
+  target = first['test_accuracy']
+  rows = []
+  for name, (summary, records) in runs.items():
+    row = {
+      'variant': name,
+      'test_accuracy': summary['test_accuracy'],
+      'delta_pp': 100 * (summary['test_accuracy'] - target),
+      'payload': summary['payload_bytes_per_step'],
+      'sent': summary['sent_bytes_per_step'],
+      'worker_step_s': summary['worker_step_s'],
+      'target': target,
+    }
+    for net in networks:
+      hit = report.time_to_accuracy(records, target, net, summary['worker_step_s'])
+      row[f'tta@{net}'] = f'{hit[1]:.2f}s (step {hit[0]})' if hit else 'not reached'
+      row[f'modelled_s@{net}'] = summary.get(f'modelled_s@{net}')
+    rows.append(row)
+  return rows
+
+
+def plot(runs: dict[str, tuple[dict, list]], networks: Sequence[str], path: str) -> None:
+  """Test accuracy against modelled time, one panel per network."""
+  fig, axes = plt.subplots(1, len(networks), figsize=(5 * len(networks), 3.8), squeeze=False)
+  for ax, net in zip(axes[0], networks, strict=True):
+    for name, (summary, records) in runs.items():
+      clock = dict(report.modelled_clock(records, net, summary['worker_step_s']))
+      evals = [r for r in records if 'test_accuracy' in r]
+      ax.plot(
+        [clock[r['step']] for r in evals],
+        [r['test_accuracy'] for r in evals],
+        'o-',
+        ms=3,
+        label=name,
+      )
+    ax.set(xlabel=f'modelled time (s) @ {net}', ylabel='test accuracy', xscale='log')
+    ax.grid(alpha=0.3)
+    ax.legend(loc='lower right')
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
