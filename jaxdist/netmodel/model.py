@@ -66,21 +66,27 @@ PROFILES = {
   '100gbps': gbps(100, 5e-6, '100gbps'),
 }
 
-_SPEC = re.compile(r'^(?P<bw>[\d.]+)\s*gbps(?:@(?P<lat>[\d.]+)\s*(?P<unit>s|ms|us))?$')
+_NUMBER = r'\d+(?:\.\d+)?'
+_SPEC = re.compile(rf'^(?P<bw>{_NUMBER})gbps(?:@(?P<lat>{_NUMBER})(?P<unit>s|ms|us))?$')
+DEFAULT_LATENCY = 25e-6  # of a spec that gives none
 
 
 def profile(name: str) -> Network:
-  """A named profile ('1gbps', '10gbps', '100gbps') or a spec like '20gbps@4ms'."""
-  if name in PROFILES:
-    return PROFILES[name]
-  m = _SPEC.match(name.strip().lower())
+  """A named profile ('1gbps', '10gbps', '100gbps') or a spec like '20gbps@4ms'.
+
+  A spec without a latency ('40gbps') gets `DEFAULT_LATENCY`.
+  """
+  key = name.replace(' ', '').lower()
+  if key in PROFILES:
+    return PROFILES[key]
+  m = _SPEC.match(key)
   if not m:
     raise ValueError(
       f'unknown network profile {name!r}; use one of {sorted(PROFILES)} or a spec like "20gbps@4ms"'
     )
-  scale = {'s': 1.0, 'ms': 1e-3, 'us': 1e-6}[m['unit'] or 'us']
-  latency = float(m['lat']) * scale if m['lat'] else PROFILES['10gbps'].latency
-  return gbps(float(m['bw']), latency, name)
+  scale = {'s': 1.0, 'ms': 1e-3, 'us': 1e-6}
+  latency = float(m['lat']) * scale[m['unit']] if m['lat'] else DEFAULT_LATENCY
+  return gbps(float(m['bw']), latency, key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,9 +113,10 @@ class Schedule:
 
 
 def adopt_c1(steps_per_phase: int) -> Schedule:
-  """ADOPT's varying network (ALGORITHMS.md §1.4).
+  """The varying network of Tyagi & Swany's ADOPT experiments (their code's schedule).
 
-  (α ms, Gbit/s) steps from (1, 25) to (32, 1) and back, `steps_per_phase` each.
+  (α ms, Gbit/s) steps from (1, 25) to (32, 1) and back, `steps_per_phase`
+  each; both ends are held for two phases, as in their schedule.
   """
   up = [(1, 25), (2, 20), (4, 15), (8, 10), (16, 5), (32, 1)]
   cycle = up + up[::-1]
@@ -146,8 +153,8 @@ def allgather(nbytes: float, n: int, net: Network) -> float:
   return 0.0 if n <= 1 else net.latency * _log2(n) + (n - 1) * nbytes * net.beta
 
 
-def permute(nbytes: float, net: Network) -> float:
-  return net.latency + nbytes * net.beta
+def permute(nbytes: float, net: Network, n: int = 2) -> float:
+  return 0.0 if n <= 1 else net.latency + nbytes * net.beta
 
 
 def alltoall(nbytes: float, n: int, net: Network) -> float:
@@ -168,7 +175,7 @@ def transfer_time(t: comm.Transfer, n: int, net: Network, algorithm: str = 'ring
   if t.kind == comm.ALL_GATHER:
     return allgather(t.nbytes, n, net)
   if t.kind == comm.PERMUTE:
-    return permute(t.nbytes, net)
+    return permute(t.nbytes, net, n)
   if t.kind == comm.ALL_TO_ALL:
     return alltoall(t.nbytes, n, net)
   raise ValueError(f'no cost model for {t.kind!r}')

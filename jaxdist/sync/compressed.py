@@ -213,6 +213,9 @@ def compressed_allreduce(
 
   def layout(tree):
     plan = _plan(tree, low_rank, fused, min_size)
+    for shape in plan.groups if not low_rank else ():
+      for c in stages:
+        c.check(shape[0])
     wire = [
       (s, col, _transfers(c, col, plan, leader)) for s, c in enumerate(stages) for col in options
     ]
@@ -222,10 +225,6 @@ def compressed_allreduce(
 
   def init_fn(params):
     plan, wire, dense = layout(params)
-    for shape in plan.groups:
-      for c in stages:
-        if not low_rank:
-          c.check(shape[0])
     zeros = tuple(jnp.zeros(shape, jnp.float32) for shape in plan.groups)
     if low_rank:
       base = jax.random.PRNGKey(compressor.seed)

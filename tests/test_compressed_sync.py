@@ -1,0 +1,396 @@
+"""compressed_allreduce against references, error feedback, and the wire in the HLO."""
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxdist as jd
+from jaxdist import comm, runtime
+from jaxdist import compress as C
+
+W = 8
+SHAPES = {'conv': (3, 3, 4, 8), 'dense': (32, 10), 'bias': (10,)}
+
+
+def params():
+  return {k: jnp.zeros(s, jnp.float32) for k, s in SHAPES.items()}
+
+
+def worker_grads(seed=0, same=False):
+  rng = np.random.default_rng(seed)
+  out = {}
+  for k, s in SHAPES.items():
+    g = rng.standard_normal((1 if same else W, *s)).astype(np.float32)
+    out[k] = jnp.asarray(np.broadcast_to(g, (W, *s)))
+  return out
+
+
+class Runner:
+  """Runs a transform's update for all workers of a layout, step after step."""
+
+  def __init__(self, tx, devices=8):
+    self.workers = runtime.layout(W, devices=devices)
+    self.tx = tx
+    self.params = jax.tree.map(lambda p: jnp.broadcast_to(p, (W, *p.shape)), params())
+    self.state = jax.vmap(tx.init)(self.params)
+    self.step = jax.jit(self.workers.map(lambda g, s, p: tx.update(g, s, p), in_axes=(0, 0, 0)))
+
+  def args(self, grads):
+    return [jax.device_put(t, self.workers.sharding) for t in (grads, self.state, self.params)]
+
+  def __call__(self, grads):
+    out, self.state = self.step(*self.args(grads))
+    return out
+
+  def lowered_collectives(self, grads):
+    return comm.hlo.collectives(self.step.lower(*self.args(grads)).compiler_ir('hlo').as_hlo_text())
+
+
+def mean_of(grads):
+  return jax.tree.map(lambda g: np.asarray(g).mean(0), grads)
+
+
+def assert_all_workers(out, expected, atol=1e-6):
+  for k in expected:
+    for w in range(W):
+      np.testing.assert_allclose(
+        out[k][w], expected[k], atol=atol, rtol=1e-5, err_msg=f'{k} worker {w}'
+      )
+
+
+@pytest.mark.parametrize('devices', [8, 1, 2], ids=['8-devices', '8-simulated', '2x4'])
+@pytest.mark.parametrize('collective', ['allreduce', 'allgather'])
+@pytest.mark.parametrize('fused', [True, False])
+def test_identity_compressor_equals_pmean(devices, collective, fused):
+  tx = jd.sync.compressed_allreduce(
+    C.identity(), axis_name=runtime.AXES, collective=collective, fused=fused
+  )
+  grads = worker_grads()
+  out = Runner(tx, devices)(grads)
+  assert_all_workers(out, mean_of(grads))
+
+
+@pytest.mark.parametrize('leader', ['star', 'var'])
+def test_artopk_with_identical_gradients_is_topk_of_it(leader):
+  grads = worker_grads(same=True)
+  tx = jd.sync.compressed_allreduce(
+    C.topk(ratio=0.05), axis_name=runtime.AXES, collective='allreduce', leader=leader
+  )
+  out = Runner(tx)(grads)
+  flat = np.concatenate([np.asarray(grads[k][0]).ravel() for k in sorted(grads)])
+  expected_flat = np.asarray(C.topk(ratio=0.05).roundtrip(jnp.asarray(flat)))
+  got_flat = np.concatenate([np.asarray(out[k][0]).ravel() for k in sorted(out)])
+  # the fused vector is in tree-leaf order; compare as sets of (value) at kept positions
+  leaves = jax.tree.leaves(grads)
+  order = np.concatenate([np.asarray(x[0]).ravel() for x in leaves])
+  expected_in_leaf_order = np.asarray(C.topk(ratio=0.05).roundtrip(jnp.asarray(order)))
+  got_in_leaf_order = np.concatenate([np.asarray(x[0]).ravel() for x in jax.tree.leaves(out)])
+  np.testing.assert_allclose(got_in_leaf_order, expected_in_leaf_order, atol=1e-7)
+  assert np.count_nonzero(got_flat) == np.count_nonzero(expected_flat)
+
+
+def test_artopk_uses_the_star_leaders_indices():
+  grads = worker_grads(seed=3)
+  tx = jd.sync.compressed_allreduce(
+    C.topk(ratio=0.05), axis_name=runtime.AXES, collective='allreduce'
+  )
+  run = Runner(tx)
+  leaves = lambda tree, w: np.concatenate([np.asarray(x[w]).ravel() for x in jax.tree.leaves(tree)])
+  for step in range(3):  # leader = step mod N
+    out = run(grads)
+    lead = leaves(grads, step % W)
+    kept = np.argsort(-np.abs(lead))[: C.num_kept(lead.size, 0.05)]
+    expected = np.zeros_like(lead)
+    # every worker's values at the leader's indices, averaged; plus last step's residual
+    if step == 0:
+      expected[kept] = np.mean([leaves(grads, w)[kept] for w in range(W)], axis=0)
+      np.testing.assert_allclose(leaves(out, 0), expected, atol=1e-6)
+    assert np.count_nonzero(leaves(out, 0)) <= kept.size
+
+
+@pytest.mark.parametrize(
+  'compressor, collective',
+  [
+    (C.topk(ratio=0.05), 'allgather'),
+    (C.topk(ratio=0.05), 'allreduce'),
+    (C.dgc(ratio=0.05), 'allgather'),
+    (C.mstopk(ratio=0.05), 'allgather'),
+    (C.randomk(ratio=0.05), 'allreduce'),
+    (C.qsgd(levels=7), 'allgather'),
+    (C.ef_sign(), 'allgather'),
+    (C.cast('bfloat16'), 'allreduce'),
+    (C.powersgd(rank=1), 'allreduce'),
+  ],
+  ids=repr,
+)
+def test_error_feedback_conserves_mass(compressor, collective):
+  """N·(mean sent) + Σ new residuals == Σ (gradient + old residual), step after step.
+
+  Exact up to float32 rounding, except that a bf16 all-reduce rounds the sum
+  itself on the wire (error no worker's residual can hold): bf16 tolerance.
+  """
+  tol = dict(atol=5e-2, rtol=2e-2) if isinstance(compressor, C.Cast) else dict(atol=2e-4, rtol=1e-4)
+  tx = jd.sync.compressed_allreduce(compressor, axis_name=runtime.AXES, collective=collective)
+  run = Runner(tx)
+  low_rank = isinstance(compressor, C.PowerSGD)
+  for step in range(3):
+    grads = worker_grads(seed=step)
+    old = [np.asarray(r) for r in run.state.residual]
+    out = run(grads)
+    new = [np.asarray(r) for r in run.state.residual]
+    if low_rank:  # groups are the matrices (bias is sent dense)
+      keys = ['conv', 'dense']
+      g = [np.asarray(grads[k]).reshape(W, *SHAPES[k]) for k in keys]
+      sent = [np.asarray(out[k][0]) for k in keys]
+    else:  # one fused vector in leaf order
+      flat = lambda t, w: np.concatenate([np.asarray(x[w]).ravel() for x in jax.tree.leaves(t)])
+      g = [np.stack([flat(grads, w) for w in range(W)])]
+      sent = [flat(out, 0)]
+    for gi, si, oi, ni in zip(g, sent, old, new, strict=True):
+      np.testing.assert_allclose(W * si + ni.sum(0), (gi + oi).sum(0), **tol)
+
+
+def test_topk_residual_is_what_was_not_sent():
+  grads = worker_grads(seed=5)
+  tx = jd.sync.compressed_allreduce(C.topk(ratio=0.05), axis_name=runtime.AXES)
+  run = Runner(tx)
+  run(grads)
+  (residual,) = run.state.residual
+  for w in range(W):
+    g = np.concatenate([np.asarray(x[w]).ravel() for x in jax.tree.leaves(grads)])
+    sent = np.asarray(C.topk(ratio=0.05).roundtrip(jnp.asarray(g)))
+    np.testing.assert_allclose(np.asarray(residual[w]), g - sent, atol=1e-7)
+
+
+def numpy_powersgd(grads_w, steps, rank, q0):
+  """epfml/powersgd's algorithm for one matrix over W workers, in NumPy."""
+
+  def orth(p):
+    p = p.copy()
+    for i in range(p.shape[1]):
+      p[:, i] /= np.linalg.norm(p[:, i]) + 1e-8
+      for j in range(i + 1, p.shape[1]):
+        p[:, j] -= np.sum(p[:, i] * p[:, j]) * p[:, i]
+    return p
+
+  memory = np.zeros_like(grads_w[0])
+  q, outs = q0.copy(), []
+  for step in range(steps):
+    m = grads_w[step] + memory  # [W, rows, cols]
+    p_hat = orth(np.mean([mw @ q for mw in m], axis=0))
+    q = np.mean([mw.T @ p_hat for mw in m], axis=0)
+    approx = p_hat @ q.T
+    memory = m - approx
+    outs.append(approx)
+  return outs
+
+
+def test_powersgd_matches_a_numpy_reference():
+  rank, steps = 2, 3
+  tx = jd.sync.compressed_allreduce(
+    C.powersgd(rank=rank), axis_name=runtime.AXES, collective='allreduce'
+  )
+  run = Runner(tx)
+  q0 = [np.asarray(q[0]) for q in run.state.compressor_state[0]]  # per matrix, in leaf order
+  all_grads = [worker_grads(seed=s) for s in range(steps)]
+  outs = [run(g) for g in all_grads]
+  for j, key in enumerate(['conv', 'dense']):  # matrices in leaf order (bias stays dense)
+    rows = int(np.prod(SHAPES[key][:-1]))
+    gw = [
+      np.asarray(g[key]).reshape(W, rows, SHAPES[key][-1]).astype(np.float64) for g in all_grads
+    ]
+    expected = numpy_powersgd(gw, steps, rank, q0[j].astype(np.float64))
+    for step in range(steps):
+      got = np.asarray(outs[step][key][0]).reshape(rows, -1)
+      np.testing.assert_allclose(
+        got, expected[step], atol=2e-4, rtol=1e-3, err_msg=f'{key} step {step}'
+      )
+  for step in range(steps):  # 1-D bias: exact mean
+    np.testing.assert_allclose(outs[step]['bias'][3], mean_of(all_grads[step])['bias'], atol=1e-6)
+
+
+def bytes_by_kind(records):
+  total = collections.Counter()
+  for kind, nbytes in records:
+    total[kind] += nbytes
+  return dict(total)
+
+
+@pytest.mark.parametrize(
+  'compressor, collective, kw, dtypes',
+  [
+    (C.identity(), 'allreduce', {}, {'f32'}),
+    (C.topk(ratio=0.05), 'allgather', {}, {'f32', 's32'}),
+    (C.topk(ratio=0.05), 'allreduce', {}, {'f32', 's32'}),
+    (C.topk(ratio=0.05), 'allreduce', {'leader': 'var'}, {'f32', 's32'}),
+    (C.dgc(ratio=0.05), 'allgather', {}, {'f32', 's32'}),
+    (C.randomk(ratio=0.05), 'allreduce', {}, {'f32'}),
+    (C.qsgd(levels=127), 'allgather', {}, {'f32', 'u8'}),
+    (C.qsgd(levels=7), 'allgather', {'fused': False}, {'f32', 'u8'}),
+    (C.terngrad(), 'allgather', {}, {'f32', 'u8'}),
+    (C.sign(), 'allgather', {}, {'u8'}),
+    (C.onebit(), 'allgather', {}, {'f32', 'u8'}),
+    (C.cast('bfloat16'), 'allreduce', {}, {'bf16'}),
+    (C.cast('float8_e4m3fn'), 'allgather', {}, {'f8e4m3fn'}),
+    (C.powersgd(rank=2), 'allreduce', {}, {'f32'}),
+    (C.topk(ratio=0.05), 'allgather', {'min_size': 50}, {'f32', 's32'}),
+  ],
+  ids=lambda v: repr(v) if not isinstance(v, set) else '',
+)
+def test_lowered_hlo_sends_what_the_transform_reports(compressor, collective, kw, dtypes):
+  tx = jd.sync.compressed_allreduce(compressor, axis_name=runtime.AXES, collective=collective, **kw)
+  run = Runner(tx)
+  grads = worker_grads()
+  found = run.lowered_collectives(grads)
+  run(grads)
+  reported = [t for t in comm.find_transfers(run.state) if int(t.count[0])]
+  assert bytes_by_kind((c.kind, c.nbytes) for c in found) == bytes_by_kind(
+    (t.kind, t.nbytes) for t in reported
+  )
+  assert {d for c in found for d in c.dtypes} == dtypes
+  dense = 4 * sum(np.prod(s) for s in SHAPES.values())
+  if not isinstance(compressor, C.Identity | C.Cast):
+    assert sum(t.nbytes for t in reported) < dense / 2  # it really compresses
+
+
+def test_lowered_hlo_of_warmup_holds_every_stage_but_only_one_runs():
+  tx = jd.sync.compressed_allreduce(
+    C.topk(ratio=0.01), axis_name=runtime.AXES, warmup_steps=8, warmup_stages=4
+  )
+  run = Runner(tx)
+  grads = worker_grads()
+  found = run.lowered_collectives(grads)
+  planned = comm.find_transfers(run.state)
+  assert len(planned) == 5
+  gathered = sorted(c.nbytes for c in found)
+  for t in planned:  # each stage's payload: values and indices gathered separately
+    assert gathered.count(t.nbytes // 2) >= 2
+  ran = []
+  for _ in range(10):
+    run(grads)
+    ran.append([int(t.count[0]) for t in comm.find_transfers(run.state)])
+  assert all(sum(r) == 1 for r in ran)
+  assert [r.index(1) for r in ran] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+  assert planned[0].nbytes > planned[-1].nbytes
+
+
+@pytest.mark.parametrize(
+  'network, ratio, expected',
+  [
+    ('1gbps@10ms', 0.001, 'all-gather'),  # latency-bound: AG's log N messages win
+    ('1gbps@0us', 0.05, 'all-reduce'),  # bandwidth-bound: AR-Top-k's k values win
+  ],
+)
+def test_auto_picks_the_cheaper_collective(network, ratio, expected):
+  tx = jd.sync.compressed_allreduce(
+    C.topk(ratio=ratio), axis_name=runtime.AXES, collective='auto', network=network
+  )
+  run = Runner(tx)
+  run(worker_grads())
+  transfers = [jax.tree.map(lambda c: c[0], t) for t in comm.find_transfers(run.state)]
+  assert {t.kind for t in transfers if int(t.count)} == {expected}
+  # and it is the cheaper one under the model it was given
+  net = jd.netmodel.profile(network)
+  gather = [t for t in transfers if t.kind == 'all-gather']
+  reduce = [t for t in transfers if t.kind == 'all-reduce']
+  cost = lambda ts: jd.netmodel.comm_time(ts, W, net, counts=[1] * len(ts))
+  assert (cost(gather) < cost(reduce)) == (expected == 'all-gather')
+
+
+def test_dgc_momentum_correction_masks_sent_momentum():
+  grads = worker_grads(seed=7)
+  tx = jd.sync.compressed_allreduce(
+    C.topk(ratio=0.05), axis_name=runtime.AXES, momentum_correction=0.9
+  )
+  run = Runner(tx)
+  run(grads)
+  (u,) = run.state.momentum
+  (residual,) = run.state.residual
+  for w in range(W):
+    g = np.concatenate([np.asarray(x[w]).ravel() for x in jax.tree.leaves(grads)])
+    sent = np.flatnonzero(np.asarray(C.topk(ratio=0.05).roundtrip(jnp.asarray(g))))
+    expected_u = g.copy()  # u = 0.9 * 0 + g
+    expected_u[sent] = 0.0
+    np.testing.assert_allclose(np.asarray(u[w]), expected_u, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(residual[w])[sent], 0.0)
+  run(grads)  # second step: u = 0.9 u + g where not masked
+  (u2,) = run.state.momentum
+  assert np.all(np.isfinite(np.asarray(u2)))
+
+
+def test_local_clip_scales_to_max_norm_over_sqrt_n():
+  tx = jd.sync.local_clip(4.0, axis_name=runtime.AXES)
+  out = Runner(tx)(jax.tree.map(lambda g: 100 * g, worker_grads()))
+  for w in range(W):
+    norm = np.sqrt(sum(float(np.sum(np.asarray(x[w]) ** 2)) for x in jax.tree.leaves(out)))
+    np.testing.assert_allclose(norm, 4.0 / np.sqrt(W), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+  'make, message',
+  [
+    (
+      lambda: jd.sync.compressed_allreduce(C.topk(ratio=0.1), axis_name='data', collective='ring'),
+      'collective must be one of',
+    ),
+    (
+      lambda: jd.sync.compressed_allreduce(C.qsgd(), axis_name='data', collective='allreduce'),
+      'qsgd payloads cannot be summed',
+    ),
+    (
+      lambda: jd.sync.compressed_allreduce(C.powersgd(), axis_name='data', collective='allgather'),
+      'powersgd payloads cannot be summed',
+    ),
+    (
+      lambda: jd.sync.compressed_allreduce(C.topk(ratio=0.1), axis_name='data', leader='max'),
+      'leader must be one of',
+    ),
+    (
+      lambda: jd.sync.compressed_allreduce(C.qsgd(), axis_name='data', momentum_correction=0.9),
+      'momentum_correction needs a sparsifier',
+    ),
+    (
+      lambda: jd.sync.compressed_allreduce(
+        C.topk(ratio=0.1), axis_name='data', momentum_correction=1.5
+      ),
+      r'momentum_correction must be in \[0, 1\)',
+    ),
+    (
+      lambda: jd.sync.compressed_allreduce(C.sign(), axis_name='data', warmup_steps=10),
+      'warm-up needs a compressor with a ratio',
+    ),
+    (
+      lambda: jd.sync.compressed_allreduce(
+        C.topk(ratio=0.1), axis_name='data', network='3 tin cans'
+      ),
+      'unknown network profile',
+    ),
+    (
+      lambda: jd.sync.compressed_allreduce('topk', axis_name='data'),
+      'compressor must be a jaxdist.compress compressor',
+    ),
+    (lambda: jd.sync.local_clip(0.0, axis_name='data'), 'max_norm must be > 0'),
+  ],
+)
+def test_bad_arguments_fail_at_construction(make, message):
+  with pytest.raises(ValueError, match=message):
+    make()
+
+
+def test_k_larger_than_the_model_fails_at_init():
+  tx = jd.sync.compressed_allreduce(C.topk(k=10**6), axis_name='data')
+  with pytest.raises(ValueError, match=r'k=1000000 is larger than the tensor \(\d+ elements\)'):
+    jax.eval_shape(tx.init, params())
+
+
+def test_in_a_chain_the_optimizer_sees_the_compressed_mean():
+  tx = optax.chain(
+    jd.sync.compressed_allreduce(C.identity(), axis_name=runtime.AXES), optax.sgd(0.5)
+  )
+  grads = worker_grads()
+  out = Runner(tx)(grads)
+  assert_all_workers(out, jax.tree.map(lambda g: -0.5 * g, mean_of(grads)))
