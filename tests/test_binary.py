@@ -5,13 +5,14 @@ import json
 import os
 import signal
 import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from jaxdist.train import checkpoint, metrics
 
-from conftest import binary_cmd, binary_env
+from conftest import REPO, binary_cmd, binary_env
 
 pytestmark = pytest.mark.slow
 
@@ -154,3 +155,43 @@ def test_rerunning_a_finished_run_reports_its_accuracy(finished_run, data_dir):
   assert summary['steps_this_run'] == 0
   assert summary['test_accuracy'] == summary_before['test_accuracy']
   assert (workdir / 'metrics.jsonl').read_text() == log_before
+
+
+def test_compare_binary_trains_variants_into_one_table(tmp_path, data_dir):
+  proc = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(REPO, 'experiments', 'compare.py'),
+      f'--config={os.path.join(REPO, CONFIG)}',
+      f'--workdir={tmp_path}',
+      '--only=dense,topk1_ef',
+      '--config.progress=False',
+    ],
+    env=binary_env(data_dir),
+    capture_output=True,
+    text=True,
+    timeout=TIMEOUT,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = json.loads((tmp_path / 'compare.json').read_text())
+  assert [r['variant'] for r in rows] == ['dense', 'topk1_ef']
+  assert rows[1]['payload'] < rows[0]['payload'] / 20  # Top-k 1% + int32 indices vs dense
+  assert rows[0]['delta_pp'] == 0
+  assert all(r['worker_step_s'] > 0 for r in rows)
+  assert (tmp_path / 'compare.png').stat().st_size > 10_000
+  assert 'time to' in proc.stdout and '@1gbps' in proc.stdout
+  for name in ('dense', 'topk1_ef'):
+    assert (tmp_path / name / 'metrics.jsonl').exists()
+
+  bad = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(REPO, 'experiments', 'compare.py'),
+      f'--config={os.path.join(REPO, CONFIG)}',
+      f'--workdir={tmp_path}/bad',
+      '--only=dense,nonesuch',
+    ],
+    env=binary_env(data_dir), capture_output=True, text=True, timeout=TIMEOUT,
+  )  # fmt: skip
+  assert bad.returncode == 2 and "error: unknown variant 'nonesuch'" in bad.stderr
+  assert not (tmp_path / 'bad').exists()
