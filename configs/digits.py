@@ -63,7 +63,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   # Modelled communication time (alpha-beta) on these networks, logged per step.
   config.network = ml_collections.ConfigDict()
-  config.network.profiles = '1gbps,10gbps'  # names or specs like '20gbps@4ms'
+  # names ('1gbps'), specs ('20gbps@4ms') or ADOPT's varying network ('adopt_c1@50':
+  # 50 steps per phase)
+  config.network.profiles = '1gbps,10gbps'
   config.network.algorithm = 'ring'  # all-reduce algorithm: ring | tree | ps
 
   config.eval_every = 20

@@ -64,6 +64,8 @@ def test_runlocal_writes_logs_checkpoints_plot_and_summary(finished_run):
   records = metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
   assert [r['step'] for r in records] == list(range(1, 21))
   assert {'loss', 'accuracy', 'learning_rate', 'payload_bytes', 'sent_bytes'} <= set(records[0])
+  assert {'step_s', 'comm_s@1gbps', 'comm_s@10gbps', 'modelled_s@1gbps'} <= set(records[1])
+  assert records[1]['comm_s@1gbps'] > records[1]['comm_s@10gbps'] > 0
   assert [r['step'] for r in records if 'test_accuracy' in r] == [10, 20]
   assert records[-1]['loss'] < records[0]['loss']
   summary = json.loads((workdir / 'summary.json').read_text())
@@ -81,7 +83,11 @@ def test_runlocal_writes_logs_checkpoints_plot_and_summary(finished_run):
 
 def test_sigkill_and_resume_equals_straight_run(tmp_path, data_dir):
   straight, crashed = tmp_path / 'straight', tmp_path / 'crashed'
-  common = ['--config.checkpoint_every=5', '--config.eval_every=5']
+  common = [
+    '--config.checkpoint_every=5',
+    '--config.eval_every=5',
+    '--config.network.profiles=1gbps,adopt_c1@5',  # a network that changes every 5 steps
+  ]
   run_binary(straight, data_dir, *common)
 
   proc = run_binary(crashed, data_dir, *common, '--config.fault.kill_at_step=12', check=False)
@@ -96,6 +102,8 @@ def test_sigkill_and_resume_equals_straight_run(tmp_path, data_dir):
   assert [r['step'] for r in got] == list(range(1, 21))  # none duplicated, none missing
   assert all('step_s' in r for r in got)
   assert [metrics.without_timings(r) for r in got] == [metrics.without_timings(r) for r in want]
+  phases = [r['comm_s@adopt_c1@5'] for r in want]
+  assert phases[0] == phases[4] < phases[5] == phases[9] < phases[10]  # 1 ms, 2 ms, 4 ms latency
   assert_trees_equal(params_of(crashed)[0], params_of(straight)[0])
 
 

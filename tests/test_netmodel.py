@@ -355,3 +355,22 @@ def test_calibrate_on_eight_cpu_devices_gives_a_valid_network():
 def test_calibrate_needs_two_workers():
   with pytest.raises(ValueError, match='at least 2 workers'):
     netmodel.calibrate(runtime.layout(1))
+
+
+def test_gossip_round_is_one_permute_per_neighbour():
+  net = netmodel.gbps(1, 1e-3)
+  # ring gossip: 2 neighbours, each an exchange of α + Mβ = 1 ms + 1e6 B / 1.25e8 B/s = 9 ms
+  assert netmodel.gossip(1e6, 2, net) == pytest.approx(2 * 9e-3)
+
+
+def test_resolve_gives_profiles_specs_and_the_adopt_schedule():
+  assert netmodel.resolve('10gbps') == netmodel.PROFILES['10gbps']
+  schedule = netmodel.resolve('adopt_c1@5')
+  assert isinstance(schedule, netmodel.Schedule)
+  assert netmodel.network_at(schedule, 0).latency == pytest.approx(1e-3)  # (1 ms, 25 Gbit/s) first
+  assert netmodel.network_at(schedule, 27).bandwidth == pytest.approx(
+    5e9 / 8
+  )  # phase 5: (16 ms, 5)
+  assert netmodel.network_at(netmodel.PROFILES['1gbps'], 99) == netmodel.PROFILES['1gbps']
+  with pytest.raises(ValueError, match='unknown network profile'):
+    netmodel.resolve('adopt_c2@5')

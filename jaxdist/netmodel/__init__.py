@@ -14,8 +14,11 @@ from jaxdist.netmodel.model import (
   broadcast,
   comm_time,
   gbps,
+  gossip,
+  network_at,
   permute,
   profile,
+  resolve,
   transfer_time,
 )
 
@@ -33,7 +36,10 @@ __all__ = [
   'calibrate',
   'comm_time',
   'gbps',
+  'gossip',
+  'network_at',
   'permute',
   'profile',
+  'resolve',
   'transfer_time',
 ]

@@ -10,6 +10,7 @@ Tyagi & Swany (2023):
   broadcast (tree)    α·log N + log N·Mβ
   all-gather          α·log N + (N-1)Mβ        (M = each worker's part)
   permute             α + Mβ                   (one neighbour exchange)
+  gossip round        d(α + Mβ)                (d neighbours, one permute each)
   all-to-all          (N-1)α + (N-1)/N·Mβ
 
 AR-Top-k prices as a broadcast of the leader's indices plus an all-reduce of
@@ -112,6 +113,25 @@ class Schedule:
     raise AssertionError
 
 
+def network_at(net: Network | Schedule, step: int) -> Network:
+  """The network in force at `step` (a fixed one, or a schedule's phase)."""
+  return net.at(step) if isinstance(net, Schedule) else net
+
+
+_SCHEDULE = re.compile(r'^adopt_c1@(?P<steps>\d+)$')
+
+
+def resolve(name: str) -> Network | Schedule:
+  """A profile or spec (see `profile`), or 'adopt_c1@<steps per phase>'."""
+  m = _SCHEDULE.match(name.replace(' ', '').lower())
+  if m:
+    steps = int(m['steps'])
+    if steps < 1:
+      raise ValueError(f'adopt_c1 needs >= 1 step per phase, got {name!r}')
+    return adopt_c1(steps)
+  return profile(name)
+
+
 def adopt_c1(steps_per_phase: int) -> Schedule:
   """The varying network of Tyagi & Swany's ADOPT experiments (their code's schedule).
 
@@ -155,6 +175,11 @@ def allgather(nbytes: float, n: int, net: Network) -> float:
 
 def permute(nbytes: float, net: Network, n: int = 2) -> float:
   return 0.0 if n <= 1 else net.latency + nbytes * net.beta
+
+
+def gossip(nbytes: float, degree: int, net: Network) -> float:
+  """One decentralised averaging round: exchange M bytes with each of `degree` neighbours."""
+  return degree * permute(nbytes, net)
 
 
 def alltoall(nbytes: float, n: int, net: Network) -> float:

@@ -17,12 +17,13 @@ from typing import Any
 import tensorboardX
 
 METRICS_FILE = 'metrics.jsonl'
-TIMING_KEYS = ('step_s',)  # wall-clock measurements: differ from run to run
+# Fields that hold wall-clock measurements (or derive from them): they differ from run to run.
+TIMING_PREFIXES = ('step_s', 'modelled_s@')
 
 
 def without_timings(record: Mapping[str, Any]) -> dict[str, Any]:
   """`record` less its wall-clock fields: what two identical runs must agree on."""
-  return {k: v for k, v in record.items() if k not in TIMING_KEYS}
+  return {k: v for k, v in record.items() if not k.startswith(TIMING_PREFIXES)}
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:

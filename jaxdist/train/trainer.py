@@ -158,7 +158,7 @@ class Experiment:
   tx: optax.GradientTransformation
   schedule: Any
   workers: runtime.Workers
-  networks: dict[str, netmodel.Network]
+  networks: dict[str, netmodel.Network | netmodel.Schedule]
 
   @property
   def per_worker(self) -> int:
@@ -204,7 +204,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
       0, seed=config.seed, num_examples=len(ds.train), batch_size=config.batch_size
     )
     model = models.get(config.model.name, num_classes=ds.num_classes)
-    networks = {name: netmodel.profile(name) for name in _names(config.network.profiles)}
+    networks = {name: netmodel.resolve(name) for name in _names(config.network.profiles)}
     if config.network.algorithm not in netmodel.ALGORITHMS:
       raise ValueError(
         f'network.algorithm must be one of {netmodel.ALGORITHMS}, got {config.network.algorithm!r}'
@@ -370,13 +370,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       'step_s': step_s,
     }
     for name, net in exp.networks.items():
-      record[f'comm_s@{name}'] = netmodel.comm_time(transfers, n, net, algorithm, per_worker)
+      comm_s = netmodel.comm_time(
+        transfers, n, netmodel.network_at(net, t - 1), algorithm, per_worker
+      )
+      record[f'comm_s@{name}'] = comm_s
+      record[f'modelled_s@{name}'] = worker_s + comm_s
     if t in evals:
       record.update(evals.pop(t))
     writer.write(t, record)
     bar.set_postfix(loss=f'{record["loss"]:.3f}', acc=f'{record["accuracy"]:.3f}', refresh=False)
 
   evals: dict[int, dict[str, float]] = {}
+  worker_s = measure_worker_step(exp)  # the compute term of the modelled clock
   bar = tqdm.tqdm(
     total=cfg.steps, initial=start, disable=not (lead and cfg.progress), desc='train', unit='step'
   )
@@ -421,7 +426,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   records = metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE)) if lead else []
   steps_done = cfg.steps - start
-  worker_s = measure_worker_step(exp)
   summary = {
     'dataset': cfg.dataset.name,
     'model': cfg.model.name,
