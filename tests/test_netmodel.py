@@ -368,9 +368,8 @@ def test_resolve_gives_profiles_specs_and_the_adopt_schedule():
   schedule = netmodel.resolve('adopt_c1@5')
   assert isinstance(schedule, netmodel.Schedule)
   assert netmodel.network_at(schedule, 0).latency == pytest.approx(1e-3)  # (1 ms, 25 Gbit/s) first
-  assert netmodel.network_at(schedule, 27).bandwidth == pytest.approx(
-    5e9 / 8
-  )  # phase 5: (16 ms, 5)
+  phase_4 = netmodel.network_at(schedule, 22)  # steps 20-24: (16 ms, 5 Gbit/s)
+  assert phase_4.bandwidth == pytest.approx(5e9 / 8)
   assert netmodel.network_at(netmodel.PROFILES['1gbps'], 99) == netmodel.PROFILES['1gbps']
   with pytest.raises(ValueError, match='unknown network profile'):
     netmodel.resolve('adopt_c2@5')
