@@ -165,21 +165,24 @@ def test_rerunning_a_finished_run_reports_its_accuracy(finished_run, data_dir):
   assert (workdir / 'metrics.jsonl').read_text() == log_before
 
 
-def test_compare_binary_trains_variants_into_one_table(tmp_path, data_dir):
-  proc = subprocess.run(
+def run_compare(workdir, data_dir, *flags):
+  return subprocess.run(
     [
       sys.executable,
       os.path.join(REPO, 'experiments', 'compare.py'),
       f'--config={os.path.join(REPO, CONFIG)}',
-      f'--workdir={tmp_path}',
-      '--only=dense,topk1_ef',
-      '--config.progress=False',
+      f'--workdir={workdir}',
+      *flags,
     ],
     env=binary_env(data_dir),
     capture_output=True,
     text=True,
     timeout=TIMEOUT,
   )
+
+
+def test_compare_binary_trains_variants_into_one_table(tmp_path, data_dir):
+  proc = run_compare(tmp_path, data_dir, '--only=dense,topk1_ef', '--config.progress=False')
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = json.loads((tmp_path / 'compare.json').read_text())
   assert [r['variant'] for r in rows] == ['dense', 'topk1_ef']
@@ -191,15 +194,6 @@ def test_compare_binary_trains_variants_into_one_table(tmp_path, data_dir):
   for name in ('dense', 'topk1_ef'):
     assert (tmp_path / name / 'metrics.jsonl').exists()
 
-  bad = subprocess.run(
-    [
-      sys.executable,
-      os.path.join(REPO, 'experiments', 'compare.py'),
-      f'--config={os.path.join(REPO, CONFIG)}',
-      f'--workdir={tmp_path}/bad',
-      '--only=dense,nonesuch',
-    ],
-    env=binary_env(data_dir), capture_output=True, text=True, timeout=TIMEOUT,
-  )  # fmt: skip
+  bad = run_compare(tmp_path / 'bad', data_dir, '--only=dense,nonesuch')
   assert bad.returncode == 2 and "error: unknown variant 'nonesuch'" in bad.stderr
   assert not (tmp_path / 'bad').exists()
