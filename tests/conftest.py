@@ -39,5 +39,5 @@ def binary_env(data_dir: str) -> dict[str, str]:
   return env
 
 
-def binary_cmd(*args: str) -> list[str]:
-  return [sys.executable, os.path.join(REPO, 'experiments', 'train.py'), *args]
+def binary_cmd(*args: str, script: str = 'train.py') -> list[str]:
+  return [sys.executable, os.path.join(REPO, 'experiments', script), *args]

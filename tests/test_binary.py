@@ -5,7 +5,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,12 +19,10 @@ CONFIG = 'configs/digits.py:runlocal'
 TIMEOUT = 300
 
 
-def run_binary(workdir, data_dir, *overrides, check=True, cwd=None):
+def run_binary(workdir, data_dir, *overrides, check=True, cwd=None, script='train.py'):
   proc = subprocess.run(
     binary_cmd(
-      f'--config={os.path.join(os.path.dirname(__file__), "..", CONFIG)}',
-      f'--workdir={workdir}',
-      *overrides,
+      f'--config={os.path.join(REPO, CONFIG)}', f'--workdir={workdir}', *overrides, script=script
     ),
     env=binary_env(data_dir),
     capture_output=True,
@@ -165,25 +162,9 @@ def test_rerunning_a_finished_run_reports_its_accuracy(finished_run, data_dir):
   assert (workdir / 'metrics.jsonl').read_text() == log_before
 
 
-def run_compare(workdir, data_dir, *flags):
-  return subprocess.run(
-    [
-      sys.executable,
-      os.path.join(REPO, 'experiments', 'compare.py'),
-      f'--config={os.path.join(REPO, CONFIG)}',
-      f'--workdir={workdir}',
-      *flags,
-    ],
-    env=binary_env(data_dir),
-    capture_output=True,
-    text=True,
-    timeout=TIMEOUT,
-  )
-
-
 def test_compare_binary_trains_variants_into_one_table(tmp_path, data_dir):
-  proc = run_compare(tmp_path, data_dir, '--only=dense,topk1_ef', '--config.progress=False')
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  flags = ('--only=dense,topk1_ef', '--config.progress=False')
+  proc = run_binary(tmp_path, data_dir, *flags, script='compare.py')
   rows = json.loads((tmp_path / 'compare.json').read_text())
   assert [r['variant'] for r in rows] == ['dense', 'topk1_ef']
   assert rows[1]['payload'] < rows[0]['payload'] / 20  # Top-k 1% + int32 indices vs dense
@@ -194,6 +175,8 @@ def test_compare_binary_trains_variants_into_one_table(tmp_path, data_dir):
   for name in ('dense', 'topk1_ef'):
     assert (tmp_path / name / 'metrics.jsonl').exists()
 
-  bad = run_compare(tmp_path / 'bad', data_dir, '--only=dense,nonesuch')
+  bad = run_binary(
+    tmp_path / 'bad', data_dir, '--only=dense,nonesuch', check=False, script='compare.py'
+  )
   assert bad.returncode == 2 and "error: unknown variant 'nonesuch'" in bad.stderr
   assert not (tmp_path / 'bad').exists()
