@@ -40,7 +40,33 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.warmup_steps = 20
 
   config.sync = ml_collections.ConfigDict()
-  config.sync.method = 'allreduce'  # allreduce | compressed
+  # allreduce | compressed | local_sgd | diloco | selsync | ssp | async | delayed | gossip | sma
+  config.sync.method = 'allreduce'
+  # less synchronisation (see jaxdist.sync): local_sgd, diloco
+  config.sync.period = 4  # local steps between averages / DiLoCo's inner steps H
+  config.sync.local_warmup = 0  # post-local SGD: average every step for this many steps
+  config.sync.outer_lr = 0.7  # DiLoCo's outer Nesterov SGD
+  config.sync.outer_momentum = 0.9
+  config.sync.outer_nesterov = True
+  # selsync
+  config.sync.threshold = 0.3  # delta
+  config.sync.window = 25
+  config.sync.ewma_alpha = 0.01
+  config.sync.norm = 'layer_sum'  # layer_sum (the authors' code) | global
+  config.sync.squared = False
+  # ssp / async / delayed
+  config.sync.staleness = 2  # bound s (async: the largest delay)
+  config.sync.delay_p = 0.5  # async: geometric delays
+  config.sync.delay_seed = 0
+  # gossip
+  config.sync.topology = 'ring'  # ring | torus | exponential | complete
+  config.sync.torus_rows = 0  # 0 = sqrt(workers)
+  # sma (Crossbow)
+  config.sync.sma_alpha = 0.125
+  config.sync.sma_momentum = 0.9
+  # local_sgd / diloco / selsync: synchronise through the compressor below
+  config.sync.compress_sync = False
+  # compressed: the compressor and collective (see jaxdist.sync.compressed_allreduce)
   # compressed: compressor and collective (see jaxdist.sync.compressed_allreduce)
   config.sync.compressor = 'topk'  # topk mstopk dgc randomk threshold qsgd terngrad
   #                                  sign ef_sign onebit powersgd cast identity
@@ -92,6 +118,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       },
       'qsgd8': {'sync': dict(compressed, compressor='qsgd', levels=127, collective='allgather')},
       'topk1_noef': {'sync': dict(compressed, compressor='topk', ratio=0.01, error_feedback=False)},
+      # less synchronisation
+      'bsp': {'sync': {'method': 'allreduce'}},
+      'local4': {'sync': {'method': 'local_sgd', 'period': 4}},
+      'local16': {'sync': {'method': 'local_sgd', 'period': 16}},
+      'diloco8': {'sync': {'method': 'diloco', 'period': 8}},
+      'selsync': {'sync': {'method': 'selsync', 'threshold': 0.3}},
+      'ssp2': {'sync': {'method': 'ssp', 'staleness': 2}},
+      'async4': {'sync': {'method': 'async', 'staleness': 4}},
+      'gossip_ring': {'sync': {'method': 'gossip', 'topology': 'ring'}},
+      'sma': {'sync': {'method': 'sma'}},
     }
   )
   config.compare = 'dense,topk1_ef,artopk1,powersgd2'

@@ -138,12 +138,81 @@ def all_gather(tree: Any, axis_name: AxisName) -> tuple[Any, Transfer]:
   return jax.tree.map(gather, tree), transfer(ALL_GATHER, tree_nbytes(tree))
 
 
+def _vmap_axes(names: tuple[str, ...]) -> tuple[str, ...]:
+  """The names among `names` that are vmap axes (not axes of the enclosing mesh)."""
+  mesh_axes = set(jax.sharding.get_abstract_mesh().axis_names)
+  return tuple(n for n in names if n not in mesh_axes)
+
+
+def agree(x: jax.Array, axis_name: AxisName) -> jax.Array:
+  """x, which every worker holds equally, as one value rather than one per worker.
+
+  Under `vmap`, a per-worker value is batched even when all workers agree on
+  it, and a `lax.cond` on a batched predicate becomes a `select` that runs
+  both branches, collectives included. This reduces over the vmap axes only
+  (no communication between devices), so the result is unbatched and a
+  `lax.cond` on it really skips the branch not taken.
+  """
+  vmapped = _vmap_axes(_names(axis_name))
+  if not vmapped:
+    return x
+  if x.dtype == jnp.bool_:
+    return lax.pmax(x.astype(jnp.int32), vmapped) > 0
+  return lax.pmax(x, vmapped)
+
+
+def shift(tree: Any, offset: int, axis_name: AxisName) -> tuple[Any, Transfer]:
+  """Every worker's `tree` from the worker `offset` places before it (cyclically).
+
+  Worker i receives worker (i - offset) mod N's tree: one neighbour exchange
+  (a collective-permute of the tree's bytes per worker). Over (devices,
+  simulated) axes the shift is a roll inside each device plus, where it
+  crosses devices, a permute over the device axis (two when the shift does
+  not divide evenly into whole devices).
+  """
+  names = _names(axis_name)
+  sent = transfer(PERMUTE, tree_nbytes(tree))
+  if len(names) == 1:
+    n = lax.axis_size(names[0])
+    pairs = [(i, (i + offset) % n) for i in range(n)]
+    return jax.tree.map(lambda x: lax.ppermute(x, names[0], pairs), tree), sent
+  if len(names) != 2:
+    raise ValueError(f'shift supports one axis or (outer, inner) axes, got {names}')
+  outer, inner = names
+  n_out, n_in = lax.axis_size(outer), lax.axis_size(inner)
+  whole, part = divmod(offset % (n_out * n_in), n_in)
+
+  def roll(x, axis, by, size):
+    if by % size == 0:
+      return x
+    return lax.ppermute(x, axis, [(i, (i + by) % size) for i in range(size)])
+
+  me = lax.axis_index(inner)
+
+  def one(x):
+    near = roll(roll(x, outer, whole, n_out), inner, part, n_in)  # from (d - whole, s - part)
+    if part == 0:
+      return near
+    far = roll(roll(x, outer, whole + 1, n_out), inner, part, n_in)  # borrow one device
+    return jnp.where(me < part, far, near)
+
+  return jax.tree.map(one, tree), sent
+
+
 def total_bytes(transfers: Iterable[Transfer], counts: Sequence[int] | None = None) -> int:
   """Payload bytes of `transfers`, each weighted by its count (or `counts`)."""
   transfers = list(transfers)
   if counts is None:
     counts = [int(t.count) for t in transfers]
   return sum(t.nbytes * int(c) for t, c in zip(transfers, counts, strict=True))
+
+
+def silence(tree: Any) -> Any:
+  """`tree` with every `Transfer` in it marked as not having run (count 0)."""
+  is_t = lambda x: isinstance(x, Transfer)
+  return jax.tree.map(
+    lambda x: ran(x, jnp.zeros_like(x.count)) if is_t(x) else x, tree, is_leaf=is_t
+  )
 
 
 def find_transfers(tree: Any) -> list[Transfer]:

@@ -22,6 +22,10 @@ _DEF = re.compile(
   r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\(.*?\)|[\w]+\[[\d,]*\](?:\{[^}]*\})?)\s+([\w\-]+)\((.*)$'
 )
 _ARRAY = re.compile(r'(\w+)\[([\d,]*)\]')
+_COMPUTATION = re.compile(r'^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*(?:\(.*\))?.*\{\s*$')
+_BRANCHES = re.compile(
+  r'(?:branch_computations=\{([^}]*)\}|true_computation=%?([\w.\-]+).*?false_computation=%?([\w.\-]+))'
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,11 +36,13 @@ class Collective:
     kind: `all-reduce`, `all-gather`, `all-to-all` or `collective-permute`.
     dtypes: dtype of each operand, e.g. ('f32',) or ('f32', 's32').
     nbytes: bytes of all operands together (what each participant sends in).
+    computation: the HLO computation it sits in (e.g. a conditional's branch).
   """
 
   kind: str
   dtypes: tuple[str, ...]
   nbytes: int
+  computation: str = ''
 
 
 def _arrays(type_text: str) -> list[tuple[str, int]]:
@@ -72,7 +78,11 @@ def collectives(hlo_text: str) -> list[Collective]:
   """
   types: dict[str, str] = {}
   found = []
+  computation = ''
   for line in hlo_text.splitlines():
+    if not line.startswith(' ') and line.rstrip().endswith('{'):
+      head = _COMPUTATION.match(line)
+      computation = head.group(1) if head else computation
     m = _DEF.match(line)
     if not m:
       continue
@@ -88,5 +98,34 @@ def collectives(hlo_text: str) -> list[Collective]:
         arrays += inline
       elif operand:
         arrays += _arrays(types.get(operand.lstrip('%'), ''))
-    found.append(Collective(kind, tuple(d for d, _ in arrays), sum(b for _, b in arrays)))
+    found.append(
+      Collective(kind, tuple(d for d, _ in arrays), sum(b for _, b in arrays), computation)
+    )
   return found
+
+
+def conditional_branches(hlo_text: str) -> set[str]:
+  """Names of the computations that are branches of a `conditional`, and what they call."""
+  branches: set[str] = set()
+  for line in hlo_text.splitlines():
+    if ' conditional(' not in line:
+      continue
+    for listed, true_b, false_b in _BRANCHES.findall(line):
+      names = [n.strip().lstrip('%') for n in listed.split(',')] if listed else [true_b, false_b]
+      branches.update(n for n in names if n)
+  # collectives may sit in computations a branch calls (e.g. fused or wrapped ops)
+  calls = re.compile(r'(?:to_apply|calls)=%?([\w.\-]+)')
+  body: dict[str, set[str]] = {}
+  current = ''
+  for line in hlo_text.splitlines():
+    if not line.startswith(' ') and line.rstrip().endswith('{'):
+      head = _COMPUTATION.match(line)
+      current = head.group(1) if head else current
+    body.setdefault(current, set()).update(calls.findall(line))
+  frontier = list(branches)
+  while frontier:
+    for callee in body.get(frontier.pop(), ()):
+      if callee not in branches:
+        branches.add(callee)
+        frontier.append(callee)
+  return branches

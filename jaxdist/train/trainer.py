@@ -84,11 +84,6 @@ def build_optimizer(cfg: ml_collections.ConfigDict, steps: int):
   return opt, schedule
 
 
-def _sync_allreduce(cfg, axis_name):
-  del cfg
-  return sync.allreduce(axis_name=axis_name), None
-
-
 def build_compressor(cfg: ml_collections.ConfigDict):
   """The compressor named `cfg.compressor`, with the hyper-parameters it takes."""
   name = cfg.compressor
@@ -109,42 +104,133 @@ def build_compressor(cfg: ml_collections.ConfigDict):
   raise ValueError(f'unknown sync.compressor {name!r}; choose one of {sorted(compress.REGISTRY)}')
 
 
-def _sync_compressed(cfg, axis_name):
-  tx = sync.compressed_allreduce(
-    build_compressor(cfg),
-    axis_name=axis_name,
+def _compression_kwargs(cfg) -> dict[str, Any]:
+  return dict(
     collective=cfg.collective,
     error_feedback=cfg.error_feedback,
     fused=cfg.fused,
     min_size=cfg.min_size,
+    network=cfg.auto_network,
+  )
+
+
+def _sync_compressor(cfg):
+  """(compressor, kwargs) for methods that may compress their synchronisation."""
+  if not cfg.compress_sync:
+    return None, {}
+  return build_compressor(cfg), _compression_kwargs(cfg)
+
+
+def _sync_allreduce(cfg, workers, opt):
+  del cfg
+  return optax.chain(sync.allreduce(axis_name=workers.axis_name), opt)
+
+
+def _sync_compressed(cfg, workers, opt):
+  tx = sync.compressed_allreduce(
+    build_compressor(cfg),
+    axis_name=workers.axis_name,
     leader=cfg.leader,
     momentum_correction=cfg.momentum_correction,
     nesterov=cfg.nesterov,
     warmup_steps=cfg.warmup_steps,
-    network=cfg.auto_network,
+    **_compression_kwargs(cfg),
   )
   if cfg.clip:
-    tx = optax.chain(sync.local_clip(cfg.clip, axis_name=axis_name), tx)
-  return tx, None
+    tx = optax.chain(sync.local_clip(cfg.clip, axis_name=workers.axis_name), tx)
+  return optax.chain(tx, opt)
 
 
-# method name -> (sync config, axis_name) -> (gradient transform before the
-# optimizer, parameter transform after it); either may be None.
+def _sync_local_sgd(cfg, workers, opt):
+  compressor, kwargs = _sync_compressor(cfg)
+  return optax.chain(
+    opt,
+    sync.local_sgd(
+      cfg.period,
+      axis_name=workers.axis_name,
+      warmup_steps=cfg.local_warmup,
+      compressor=compressor,
+      **kwargs,
+    ),
+  )
+
+
+def _sync_diloco(cfg, workers, opt):
+  compressor, kwargs = _sync_compressor(cfg)
+  outer = optax.sgd(cfg.outer_lr, momentum=cfg.outer_momentum or None, nesterov=cfg.outer_nesterov)
+  return optax.chain(
+    opt,
+    sync.diloco(outer, cfg.period, axis_name=workers.axis_name, compressor=compressor, **kwargs),
+  )
+
+
+def _sync_selsync(cfg, workers, opt):
+  compressor, kwargs = _sync_compressor(cfg)
+  return sync.selsync(
+    opt,
+    cfg.threshold,
+    axis_name=workers.axis_name,
+    window=cfg.window,
+    alpha=cfg.ewma_alpha,
+    norm=cfg.norm,
+    squared=cfg.squared,
+    compressor=compressor,
+    **kwargs,
+  )
+
+
+def _sync_stale(kind):
+  def build(cfg, workers, opt):
+    ax = workers.axis_name
+    if kind == 'ssp':
+      tx = sync.ssp(cfg.staleness, axis_name=ax, seed=cfg.delay_seed)
+    elif kind == 'async':
+      tx = sync.async_sgd(cfg.staleness, axis_name=ax, p=cfg.delay_p, seed=cfg.delay_seed)
+    else:
+      tx = sync.delayed(cfg.staleness, axis_name=ax)
+    return optax.chain(tx, opt)
+
+  return build
+
+
+def _sync_gossip(cfg, workers, opt):
+  gossip = sync.gossip(
+    cfg.topology,
+    axis_name=workers.axis_name,
+    num_workers=workers.count,
+    rows=cfg.torus_rows or None,
+  )
+  return optax.chain(opt, gossip)
+
+
+def _sync_sma(cfg, workers, opt):
+  return optax.chain(opt, sync.sma(cfg.sma_alpha, cfg.sma_momentum, axis_name=workers.axis_name))
+
+
+# method name -> (sync config, workers, local optimizer) -> the whole optax chain
 SYNC_METHODS = {
   'allreduce': _sync_allreduce,
   'compressed': _sync_compressed,
+  'local_sgd': _sync_local_sgd,
+  'diloco': _sync_diloco,
+  'selsync': _sync_selsync,
+  'ssp': _sync_stale('ssp'),
+  'async': _sync_stale('async'),
+  'delayed': _sync_stale('delayed'),
+  'gossip': _sync_gossip,
+  'sma': _sync_sma,
 }
 
 
 def build_chain(
-  config: ml_collections.ConfigDict, axis_name
+  config: ml_collections.ConfigDict, workers: runtime.Workers
 ) -> tuple[optax.GradientTransformation, Any]:
+  """The optax chain of `config.sync.method` around the local optimizer, and its schedule."""
   method = config.sync.method
   if method not in SYNC_METHODS:
     raise ValueError(f'unknown sync.method {method!r}; choose one of {sorted(SYNC_METHODS)}')
-  before, after = SYNC_METHODS[method](config.sync, axis_name)
   opt, schedule = build_optimizer(config.optimizer, config.steps)
-  return optax.chain(*[t for t in (before, opt, after) if t is not None]), schedule
+  return SYNC_METHODS[method](config.sync, workers, opt), schedule
 
 
 @dataclasses.dataclass
@@ -192,7 +278,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     if config.model.name not in models.MODELS:  # before the (slower) data loading
       models.get(config.model.name, num_classes=1)
     workers = runtime.layout(config.workers, devices=config.devices or None)
-    tx, schedule = build_chain(config, workers.axis_name)
+    tx, schedule = build_chain(config, workers)
     ds = data.load(
       config.dataset.name,
       data_dir=config.dataset.data_dir or None,
@@ -345,6 +431,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     sum(t.sent_bytes(n) * int(c) for t, c in zip(transfers, counts, strict=True)) / n
   )
   algorithm = cfg.network.algorithm
+  # a step "synchronised" if its largest collective ran (not, say, SelSync's 4-byte flags)
+  biggest = max(range(len(transfers)), key=lambda i: transfers[i].nbytes) if transfers else 0
 
   last_eval: dict[str, float] = {}
   pending = None  # (step, device metrics): fetched one step late
@@ -361,12 +449,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     step_s, timer['fetched'] = (now - timer['fetched'] if timer['fetched'] else None), now
     counts = [int(c) for c in m.pop('wire')]
     per_worker = [c / n for c in counts]  # every worker takes part in every collective
+    synced = bool(transfers) and counts[biggest] > 0
     record = {
       'loss': float(m['loss']),
       'accuracy': float(m['accuracy']),
       'learning_rate': float(exp.schedule(t - 1)),
       'payload_bytes': payload_per_step(counts),
       'sent_bytes': sent_per_step(counts),
+      'synced': int(synced),
       'step_s': step_s,
     }
     for name, net in exp.networks.items():
@@ -444,6 +534,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     else None,
     'sent_bytes_per_worker': sum(r['sent_bytes'] for r in records) if records else None,
     'steps_this_run': steps_done,
+    'sync_fraction': sum(r['synced'] for r in records) / len(records) if records else None,
     'median_step_s': report.median_step_s(records),
     'worker_step_s': worker_s,
   }
