@@ -1,0 +1,331 @@
+"""Local SGD, DiLoCo, SelSync, stale/async, gossip and SMA against references."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxdist as jd
+from jaxdist import comm, runtime
+from jaxdist import compress as C
+from jaxdist import sync
+
+W = 8
+SHAPES = {'w': (6, 4), 'b': (4,)}
+AX = runtime.AXES
+
+
+def start():
+  rng = np.random.default_rng(123)
+  return {k: jnp.asarray(rng.standard_normal(s).astype(np.float32)) for k, s in SHAPES.items()}
+
+
+def grads_at(step, same=False):
+  rng = np.random.default_rng(1000 + step)
+  return {
+    k: jnp.asarray(
+      np.broadcast_to(rng.standard_normal((1 if same else W, *s)), (W, *s)).astype(np.float32)
+    )
+    for k, s in SHAPES.items()
+  }
+
+
+class Run:
+  """Applies a transform's updates to every worker's parameters, step by step."""
+
+  def __init__(self, tx, devices=8, params=None, workers=W):
+    self.workers = runtime.layout(workers, devices=devices)
+    self.tx = tx
+    p0 = start() if params is None else params
+    self.params = jax.tree.map(lambda x: jnp.broadcast_to(x, (workers, *x.shape)), p0)
+    self.state = jax.vmap(tx.init)(self.params)
+
+    def step(g, s, p):
+      u, s = tx.update(g, s, p)
+      return optax.apply_updates(p, u), s
+
+    self.step = jax.jit(self.workers.map(step, in_axes=(0, 0, 0)))
+    self.history = []
+
+  def args(self, grads):
+    return [jax.device_put(t, self.workers.sharding) for t in (grads, self.state, self.params)]
+
+  def __call__(self, grads):
+    self.params, self.state = self.step(*self.args(grads))
+    self.history.append([int(t.count[0]) for t in comm.find_transfers(self.state)])
+    return self.params
+
+  def steps(self, n, same=False):
+    for t in range(n):
+      self(grads_at(t, same))
+    return self.params
+
+  def compiled_text(self):
+    return self.step.lower(*self.args(grads_at(0))).compile().as_text()
+
+
+def assert_close(a, b, atol=1e-5):
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=atol, rtol=1e-5), a, b)
+
+
+def bsp(lr=0.1, momentum=0.9):
+  return optax.chain(sync.allreduce(axis_name=AX), optax.sgd(lr, momentum=momentum))
+
+
+LAYOUTS = pytest.mark.parametrize('devices', [8, 2], ids=['8-devices', '2x4-simulated'])
+
+
+# --- degenerate equivalences ------------------------------------------------------------
+
+
+@LAYOUTS
+def test_local_sgd_period_1_is_bsp(devices):
+  want = Run(bsp(), devices).steps(5)
+  got = Run(
+    optax.chain(optax.sgd(0.1, momentum=0.9), sync.local_sgd(1, axis_name=AX)), devices
+  ).steps(5)
+  assert_close(got, want)
+
+
+def test_post_local_sgd_is_bsp_during_warmup_then_local():
+  tx = optax.chain(optax.sgd(0.1), sync.local_sgd(4, axis_name=AX, warmup_steps=3))
+  run = Run(tx)
+  want = Run(bsp(momentum=0.0)).steps(3)
+  assert_close(run.steps(3), want)
+  run.steps(6)
+  assert [h[0] for h in run.history] == [1, 1, 1, 1, 0, 0, 0, 1, 0]  # warm-up, then every 4th
+
+
+@LAYOUTS
+def test_diloco_outer_sgd_lr1_period1_is_bsp(devices):
+  want = Run(bsp(momentum=0.0), devices).steps(5)
+  tx = optax.chain(optax.sgd(0.1), sync.diloco(optax.sgd(1.0), 1, axis_name=AX))
+  assert_close(Run(tx, devices).steps(5), want)
+
+
+@LAYOUTS
+def test_selsync_threshold_0_averages_every_step(devices):
+  want = Run(
+    optax.chain(optax.sgd(0.1, momentum=0.9), sync.local_sgd(1, axis_name=AX)), devices
+  ).steps(5)
+  run = Run(sync.selsync(optax.sgd(0.1, momentum=0.9), 0.0, axis_name=AX, window=1), devices)
+  assert_close(run.steps(5), want)
+  assert int(run.state.synced[0]) == 5
+
+
+@pytest.mark.parametrize(
+  'make',
+  [
+    lambda: sync.delayed(0, axis_name=AX),
+    lambda: sync.ssp(0, axis_name=AX),
+    lambda: sync.async_sgd(0, axis_name=AX),
+  ],
+  ids=['delayed', 'ssp', 'async'],
+)
+def test_delay_0_is_synchronous(make):
+  want = Run(bsp()).steps(5)
+  assert_close(Run(optax.chain(make(), optax.sgd(0.1, momentum=0.9))).steps(5), want)
+
+
+@LAYOUTS
+def test_gossip_on_the_complete_graph_is_exact_averaging(devices):
+  want = Run(optax.chain(optax.sgd(0.1), sync.local_sgd(1, axis_name=AX)), devices).steps(4)
+  tx = optax.chain(optax.sgd(0.1), sync.gossip('complete', axis_name=AX, num_workers=W))
+  assert_close(Run(tx, devices).steps(4), want)
+
+
+def test_sma_with_zero_correction_leaves_learners_independent():
+  run = Run(optax.chain(optax.sgd(0.1), sync.sma(0.0, axis_name=AX)))
+  got = run.steps(4)
+  p0 = start()
+  for w in range(W):
+    want = jax.tree.map(
+      lambda p, *gs: p - 0.1 * sum(g[w] for g in gs), p0, *[grads_at(t) for t in range(4)]
+    )
+    assert_close(jax.tree.map(lambda x: x[w], got), want)
+  np.testing.assert_allclose(run.state[1].center['w'][0], p0['w'])  # z never moves
+
+
+# --- references beyond the degenerate cases --------------------------------------------
+
+
+def test_diloco_golden_trajectory_two_workers_constant_gradients():
+  """Hand-computed: θ0 = 1, constant gradients 1 and 3, inner SGD lr 0.1, H = 2,
+  outer SGD lr 0.5 with (heavy-ball) momentum 0.9.
+
+  Inner steps move worker 1 by -0.1 and worker 2 by -0.3 per step, so every
+  outer step sees the pseudo-gradient Δ = 0.4; the momentum trace goes 0.4,
+  0.76, 1.084; the anchor 1 -> 0.8 -> 0.42 -> -0.122.
+  """
+  tx = optax.chain(optax.sgd(0.1), sync.diloco(optax.sgd(0.5, momentum=0.9), 2, axis_name=AX))
+  run = Run(tx, devices=2, params={'x': jnp.ones(())}, workers=2)
+  g = {'x': jnp.array([1.0, 3.0])}
+  want = [(0.9, 0.7), (0.8, 0.8), (0.7, 0.5), (0.42, 0.42), (0.32, 0.12), (-0.122, -0.122)]
+  for step, expected in enumerate(want):
+    got = run(g)['x']
+    np.testing.assert_allclose(got, expected, atol=1e-6, err_msg=f'step {step + 1}')
+  assert [h[0] for h in run.history] == [0, 1, 0, 1, 0, 1]  # outer steps communicate, inner don't
+  np.testing.assert_allclose(run.state[1].anchor['x'], [-0.122, -0.122], atol=1e-6)
+
+
+@pytest.mark.parametrize(
+  'topology, n, devices',
+  [('ring', 8, 8), ('ring', 8, 2), ('exponential', 8, 2), ('torus', 9, 3), ('ring', 2, 2)],
+)
+def test_gossip_mixes_with_the_doubly_stochastic_matrix(topology, n, devices):
+  matrix = sync.mixing_matrix(topology, n)
+  np.testing.assert_allclose(matrix.sum(0), 1)
+  np.testing.assert_allclose(matrix.sum(1), 1)
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((n, 5)).astype(np.float32))
+  tx = sync.gossip(topology, axis_name=AX, num_workers=n)
+  run = Run(tx, devices=devices, params={'x': jnp.zeros(5)}, workers=n)
+  run.params = {'x': x}
+  got = run({'x': jnp.zeros((n, 5))})['x']  # zero local step: pure mixing
+  np.testing.assert_allclose(got, matrix @ np.asarray(x), atol=1e-6)
+  kinds = {t.kind for t in comm.find_transfers(run.state)}
+  assert kinds == {'collective-permute'}  # neighbours only
+
+
+def test_gossip_mixing_shrinks_disagreement_but_keeps_the_mean():
+  run = Run(sync.gossip('ring', axis_name=AX, num_workers=W), params={'x': jnp.zeros(3)})
+  run.params = {
+    'x': jnp.asarray(np.random.default_rng(1).standard_normal((W, 3)).astype(np.float32))
+  }
+  mean, spread = np.asarray(run.params['x']).mean(0), np.ptp(np.asarray(run.params['x']), axis=0)
+  for _ in range(20):
+    run({'x': jnp.zeros((W, 3))})
+  np.testing.assert_allclose(np.asarray(run.params['x']).mean(0), mean, atol=1e-5)
+  assert np.all(np.ptp(np.asarray(run.params['x']), axis=0) < 0.2 * spread)
+
+
+def test_ssp_respects_the_staleness_bound_and_reads_its_own_writes():
+  """With all gradients 1 and lr 1/N... every worker has applied its own T gradients
+  and between T - s and T of each other worker's (Ho et al.'s SSP guarantee)."""
+  s, steps = 2, 7
+  run = Run(
+    optax.chain(sync.ssp(s, axis_name=AX, seed=3), optax.sgd(1.0)), params={'x': jnp.zeros(())}
+  )
+  for _ in range(steps):
+    run({'x': jnp.ones(W)})
+  applied = -np.asarray(run.params['x']) * W  # gradients applied, own and others'
+  others = applied - steps
+  assert np.all(others >= (W - 1) * (steps - s) - 1e-4) and np.all(others <= (W - 1) * steps + 1e-4)
+  assert len(set(np.round(applied, 4))) > 1  # delays differ, so workers' models differ
+
+
+def test_async_applies_the_same_arrivals_everywhere_within_the_bound():
+  steps, bound = 9, 4
+  run = Run(
+    optax.chain(sync.async_sgd(bound, axis_name=AX, seed=1), optax.sgd(1.0)),
+    params={'x': jnp.zeros(())},
+  )
+  for _ in range(steps):
+    run({'x': jnp.ones(W)})
+  applied = -np.asarray(run.params['x']) * W
+  assert np.ptp(applied) < 1e-5  # one shared model
+  assert W * (steps - bound) - 1e-4 <= applied[0] <= W * steps + 1e-4
+
+
+# --- communication: skipped steps do not communicate ----------------------------------------
+
+
+@LAYOUTS
+def test_local_sgd_all_reduce_sits_in_a_conditional_branch(devices):
+  run = Run(optax.chain(optax.sgd(0.1), sync.local_sgd(4, axis_name=AX)), devices)
+  text = run.compiled_text()
+  found = comm.hlo.collectives(text)
+  branches = comm.hlo.conditional_branches(text)
+  assert found and all(c.kind == 'all-reduce' for c in found)
+  assert all(c.computation in branches for c in found), (found, branches)
+  run.steps(8)
+  assert [h[0] for h in run.history] == [0, 0, 0, 1, 0, 0, 0, 1]
+  assert comm.find_transfers(run.state)[0].nbytes == 4 * (24 + 4)
+
+
+def test_selsync_sends_flags_every_step_and_the_model_only_when_flagged():
+  tx = sync.selsync(optax.sgd(0.05), 0.5, axis_name=AX, window=2)
+  run = Run(tx)
+  run.steps(6, same=True)  # identical, slowly varying gradients: few syncs
+  flags, model = zip(*run.history, strict=True)
+  assert all(f == 1 for f in flags)
+  assert model[:2] == (1, 1) and sum(model) == int(run.state.synced[0])
+  text = run.compiled_text()
+  branches = comm.hlo.conditional_branches(text)
+  big = [c for c in comm.hlo.collectives(text) if c.nbytes > 4]
+  assert big and all(c.computation in branches for c in big)
+
+
+def test_diloco_composes_with_a_compressed_pseudo_gradient():
+  dense = Run(optax.chain(optax.sgd(0.1), sync.diloco(period=2, axis_name=AX)))
+  packed = Run(
+    optax.chain(
+      optax.sgd(0.1),
+      sync.diloco(period=2, axis_name=AX, compressor=C.topk(ratio=0.25), collective='allgather'),
+    )
+  )
+  dense.steps(4)
+  packed.steps(4)
+  dense_bytes = comm.find_transfers(dense.state)[0].nbytes
+  sent = [t for t in comm.find_transfers(packed.state) if t.kind == 'all-gather']
+  assert sent and sent[0].nbytes < dense_bytes / 1.5
+  assert [h[0] for h in packed.history] == [0, 1, 0, 1]
+  # every worker restarts from the same anchor after an outer step
+  assert np.ptp(np.asarray(packed.params['w']), axis=0).max() < 1e-6
+
+
+def test_local_sgd_with_compressed_sync_conserves_what_it_does_not_send():
+  tx = optax.chain(optax.sgd(0.1), sync.local_sgd(2, axis_name=AX, compressor=C.topk(ratio=0.2)))
+  run = Run(tx)
+  run.steps(2)
+  residual = run.state[1].averager.residual[0]
+  assert float(jnp.abs(residual).max()) > 0  # the unsent part waits for the next sync
+
+
+# --- bad input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  'make, message',
+  [
+    (lambda: sync.local_sgd(0, axis_name=AX), 'period must be >= 1, got 0'),
+    (lambda: sync.local_sgd(4, axis_name=AX, warmup_steps=-1), 'warmup_steps must be >= 0'),
+    (lambda: sync.diloco(period=0, axis_name=AX), 'period must be >= 1, got 0'),
+    (lambda: sync.selsync(optax.sgd(0.1), -0.1, axis_name=AX), 'threshold must be >= 0, got -0.1'),
+    (
+      lambda: sync.selsync(optax.sgd(0.1), 0.3, axis_name=AX, norm='l3'),
+      "norm must be 'layer_sum' or 'global'",
+    ),
+    (lambda: sync.ssp(-1, axis_name=AX), 'max_delay \\(staleness\\) must be >= 0, got -1'),
+    (lambda: sync.async_sgd(-2, axis_name=AX), 'staleness\\) must be >= 0'),
+    (lambda: sync.stale_sync(2, axis_name=AX, delays='poisson'), 'delays must be one of'),
+    (
+      lambda: sync.gossip('torus', axis_name=AX, num_workers=8),
+      'a torus needs rows dividing|has repeated neighbours',
+    ),
+    (
+      lambda: sync.gossip('torus', axis_name=AX, num_workers=12, rows=5),
+      'a torus needs rows dividing the 12 workers',
+    ),
+    (lambda: sync.gossip('ring', axis_name=AX, num_workers=1), 'needs at least 2 workers'),
+    (lambda: sync.gossip('hypercube', axis_name=AX, num_workers=8), 'topology must be one of'),
+    (lambda: sync.sma(-0.5, axis_name=AX), 'alpha must be >= 0'),
+  ],
+)
+def test_bad_arguments_fail_at_construction(make, message):
+  with pytest.raises(ValueError, match=message):
+    make()
+
+
+def test_gossip_built_for_another_worker_count_fails_clearly():
+  run_tx = sync.gossip('ring', axis_name=AX, num_workers=4)
+  with pytest.raises(ValueError, match='gossip was built for 4 workers, but .* has 8'):
+    Run(run_tx).steps(1)
+
+
+def test_param_transforms_need_params():
+  tx = sync.local_sgd(2, axis_name=AX)
+  state = tx.init(start())
+  with pytest.raises(ValueError, match='local_sgd needs params'):
+    jax.eval_shape(lambda s: tx.update(start(), s), state)
