@@ -124,6 +124,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       'local16': {'sync': {'method': 'local_sgd', 'period': 16}},
       'diloco8': {'sync': {'method': 'diloco', 'period': 8}},
       'selsync': {'sync': {'method': 'selsync', 'threshold': 0.3}},
+      'selsync01': {'sync': {'method': 'selsync', 'threshold': 0.1}},
       'ssp2': {'sync': {'method': 'ssp', 'staleness': 2}},
       'async4': {'sync': {'method': 'async', 'staleness': 4}},
       'gossip_ring': {'sync': {'method': 'gossip', 'topology': 'ring'}},

@@ -180,3 +180,21 @@ def test_compare_binary_trains_variants_into_one_table(tmp_path, data_dir):
   )
   assert bad.returncode == 2 and "error: unknown variant 'nonesuch'" in bad.stderr
   assert not (tmp_path / 'bad').exists()
+
+
+@pytest.mark.parametrize('method', ['diloco', 'selsync', 'gossip'])
+def test_cifar10_resnet20_runlocal_uses_synthetic_data(tmp_path, data_dir, method):
+  config = f'--config={os.path.join(REPO, "configs/cifar10_resnet20.py")}:runlocal'
+  proc = subprocess.run(
+    binary_cmd(
+      config, f'--workdir={tmp_path}', f'--config.sync.method={method}', '--config.sync.period=2'
+    ),
+    env=binary_env(data_dir),
+    capture_output=True,
+    text=True,
+    timeout=TIMEOUT,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads((tmp_path / 'summary.json').read_text())
+  assert summary['model'] == 'resnet20' and summary['dataset'] == 'synthetic'
+  assert summary['steps'] == 6 and 0 < summary['sync_fraction'] <= 1

@@ -8,6 +8,7 @@ from jaxdist.data.loader import (
   batch_indices,
   default_data_dir,
   load,
+  synthetic,
   worker_indices,
 )
 
@@ -19,5 +20,6 @@ __all__ = [
   'batch_indices',
   'default_data_dir',
   'load',
+  'synthetic',
   'worker_indices',
 ]

@@ -62,6 +62,37 @@ class Dataset:
     return ((images.astype(np.float32) - self.mean) / self.std).astype(np.float32)
 
 
+def synthetic(
+  image_shape: tuple[int, ...] = (32, 32, 3),
+  num_classes: int = 10,
+  train_size: int = 2048,
+  test_size: int = 512,
+  seed: int = 0,
+) -> Dataset:
+  """Random images labelled by a fixed random linear teacher: learnable, no files.
+
+  For smoke tests and `runlocal` configs of datasets the machine does not
+  have: same shapes and number of classes, nothing to download.
+  """
+  if min(train_size, test_size, num_classes) < 1 or any(d < 1 for d in image_shape):
+    raise DatasetError(
+      f'synthetic data needs positive sizes, got shape {image_shape}, {num_classes} classes, '
+      f'{train_size}/{test_size} examples'
+    )
+  rng = np.random.default_rng(seed)
+  teacher = rng.standard_normal((int(np.prod(image_shape)), num_classes)).astype(np.float32)
+
+  def split(n):
+    images = rng.standard_normal((n, *image_shape)).astype(np.float32)
+    labels = np.argmax(images.reshape(n, -1) @ teacher, axis=1).astype(np.int32)
+    return Split(images, labels)
+
+  train, test = split(train_size), split(test_size)
+  channels = image_shape[-1]
+  mean, std = np.zeros(channels, np.float32), np.ones(channels, np.float32)
+  return Dataset('synthetic', train, test, num_classes, mean, std)
+
+
 def default_data_dir() -> str:
   return os.environ.get('TFDS_DATA_DIR', os.path.expanduser('~/tensorflow_datasets'))
 

@@ -279,13 +279,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
       models.get(config.model.name, num_classes=1)
     workers = runtime.layout(config.workers, devices=config.devices or None)
     tx, schedule = build_chain(config, workers)
-    ds = data.load(
-      config.dataset.name,
-      data_dir=config.dataset.data_dir or None,
-      download=config.dataset.download,
-      train_split=config.dataset.train_split,
-      test_split=config.dataset.test_split,
-    )
+    ds = load_dataset(config.dataset)
     data.batch_indices(
       0, seed=config.seed, num_examples=len(ds.train), batch_size=config.batch_size
     )
@@ -298,6 +292,24 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
   except ValueError as e:
     raise ConfigError(str(e)) from e
   return Experiment(config, workdir, ds, model, tx, schedule, workers, networks)
+
+
+def load_dataset(cfg: ml_collections.ConfigDict) -> data.Dataset:
+  """The dataset a config names: a tfds name, or 'synthetic' with the shapes it gives."""
+  if cfg.name == 'synthetic':
+    return data.synthetic(
+      image_shape=tuple(int(d) for d in str(cfg.get('image_shape', '32,32,3')).split(',')),
+      num_classes=cfg.get('num_classes', 10),
+      train_size=cfg.get('train_size', 2048),
+      test_size=cfg.get('test_size', 512),
+    )
+  return data.load(
+    cfg.name,
+    data_dir=cfg.data_dir or None,
+    download=cfg.download,
+    train_split=cfg.train_split,
+    test_split=cfg.test_split,
+  )
 
 
 def _names(text: str) -> list[str]:
