@@ -47,12 +47,16 @@ class Transfer:
     op: what the collective does when that differs from its kind, for the
       network model: 'broadcast' for an all-reduce in which only one worker
       contributes (a real system would broadcast). Static.
+    overlap: the method does not wait for it: it runs behind the next step's
+      compute (delay-tolerant methods), so the network model charges only
+      what the compute does not hide. Static.
   """
 
   kind: str = dataclasses.field(metadata=dict(static=True))
   nbytes: int = dataclasses.field(metadata=dict(static=True))
   count: jax.Array
   op: str | None = dataclasses.field(default=None, metadata=dict(static=True))
+  overlap: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
   def sent_bytes(self, num_workers: int) -> float:
     """Bytes one worker sends for one run, with a bandwidth-optimal algorithm.
@@ -82,6 +86,13 @@ def transfer(
   if kind not in KINDS:
     raise ValueError(f'kind must be one of {KINDS}, got {kind!r}')
   return Transfer(kind=kind, nbytes=int(nbytes), count=jnp.asarray(ran, jnp.int32), op=op)
+
+
+def overlapped(tree: Any) -> Any:
+  """`tree` with every `Transfer` in it marked as overlapping the next step's compute."""
+  is_t = lambda x: isinstance(x, Transfer)
+  mark = lambda x: dataclasses.replace(x, overlap=True) if is_t(x) else x
+  return jax.tree.map(mark, tree, is_leaf=is_t)
 
 
 def ran(t: Transfer, times: jax.typing.ArrayLike) -> Transfer:

@@ -19,6 +19,7 @@ from jaxdist.netmodel.model import (
   permute,
   profile,
   resolve,
+  step_time,
   transfer_time,
 )
 
@@ -41,5 +42,6 @@ __all__ = [
   'permute',
   'profile',
   'resolve',
+  'step_time',
   'transfer_time',
 ]

@@ -212,9 +212,21 @@ def comm_time(
   net: Network,
   algorithm: str = 'ring',
   counts: Sequence[int] | None = None,
+  overlap: bool | None = None,
 ) -> float:
-  """Seconds the `transfers` of one step take, each times its count."""
+  """Seconds the `transfers` of one step take, each times its count.
+
+  `overlap` selects: True only transfers that overlap the next step's
+  compute, False only those the step waits for, None all.
+  """
   counts = [int(t.count) for t in transfers] if counts is None else counts
   return sum(
-    c * transfer_time(t, n, net, algorithm) for t, c in zip(transfers, counts, strict=True)
+    c * transfer_time(t, n, net, algorithm)
+    for t, c in zip(transfers, counts, strict=True)
+    if overlap is None or t.overlap == overlap
   )
+
+
+def step_time(compute_s: float, blocking_s: float, overlapped_s: float) -> float:
+  """A step's modelled time: compute, what it waits for, and what compute cannot hide."""
+  return compute_s + blocking_s + max(0.0, overlapped_s - compute_s)

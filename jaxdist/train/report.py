@@ -83,11 +83,14 @@ def modelled_clock(
 
   `compute_s` is one worker's measured step without communication
   (`trainer.measure_worker_step`); communication is the α-β time of what
-  each step really sent on `network`.
+  each step really sent on `network`: in full where the step waits for it,
+  and only what the compute does not hide where it overlaps the next step
+  (delay-tolerant methods).
   """
   clock, out = 0.0, []
   for r in records:
-    clock += compute_s + r.get(f'comm_s@{network}', 0.0)
+    hidden = r.get(f'overlap_s@{network}', 0.0)
+    clock += compute_s + r.get(f'comm_s@{network}', 0.0) + max(0.0, hidden - compute_s)
     out.append((r['step'], clock))
   return out
 

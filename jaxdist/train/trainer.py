@@ -472,11 +472,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       'step_s': step_s,
     }
     for name, net in exp.networks.items():
-      comm_s = netmodel.comm_time(
-        transfers, n, netmodel.network_at(net, t - 1), algorithm, per_worker
-      )
-      record[f'comm_s@{name}'] = comm_s
-      record[f'modelled_s@{name}'] = worker_s + comm_s
+      net = netmodel.network_at(net, t - 1)
+      blocking = netmodel.comm_time(transfers, n, net, algorithm, per_worker, overlap=False)
+      hidden = netmodel.comm_time(transfers, n, net, algorithm, per_worker, overlap=True)
+      record[f'comm_s@{name}'] = blocking
+      if hidden:
+        record[f'overlap_s@{name}'] = hidden
+      record[f'modelled_s@{name}'] = netmodel.step_time(worker_s, blocking, hidden)
     if t in evals:
       record.update(evals.pop(t))
     writer.write(t, record)
