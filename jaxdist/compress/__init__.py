@@ -17,7 +17,7 @@ from jaxdist.compress.base import (
   unpack_bits,
 )
 from jaxdist.compress.lowrank import PowerSGD, orthogonalize
-from jaxdist.compress.quantize import QSGD, Cast, EFSign, Identity, OneBit, Sign, TernGrad
+from jaxdist.compress.quantize import QSGD, Cast, EFSign, Identity, OneBit, Sign, TernGrad, TwoBit
 from jaxdist.compress.sparsify import DGC, MSTopK, RandomK, Threshold, TopK, scatter, take
 
 identity = Identity
@@ -33,6 +33,7 @@ ef_sign = EFSign
 onebit = OneBit
 cast = Cast
 powersgd = PowerSGD
+twobit = TwoBit
 
 # name -> factory, for configs and flags
 REGISTRY = {
@@ -49,6 +50,7 @@ REGISTRY = {
   'onebit': OneBit,
   'cast': Cast,
   'powersgd': PowerSGD,
+  'twobit': TwoBit,
 }
 
 
@@ -80,6 +82,7 @@ __all__ = [
   'TernGrad',
   'Threshold',
   'TopK',
+  'TwoBit',
   'bits_for',
   'buckets',
   'cast',
@@ -101,6 +104,7 @@ __all__ = [
   'terngrad',
   'threshold',
   'topk',
+  'twobit',
   'unpack_bits',
   'warmup_ratios',
 ]

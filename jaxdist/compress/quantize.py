@@ -262,3 +262,29 @@ class OneBit(Compressor):
     means, packed = payload
     up = buckets(_unsign(packed, n), self.bucket_size) > 0
     return _unbucket(jnp.where(up, means[:, :1], means[:, 1:]), n)
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoBit(Compressor):
+  """MXNet's 2-bit threshold quantisation: each element sends +τ, −τ or 0.
+
+  x ≥ τ sends +τ, x ≤ −τ sends −τ, anything in between sends 0; 2 bits each,
+  τ fixed (not sent). Biased: use with error feedback, which keeps the rest
+  (as MXNet's kvstore does). CD-SGD's compressor.
+  """
+
+  threshold: float = 0.5
+  name: ClassVar[str] = 'twobit'
+
+  def __post_init__(self):
+    if self.threshold <= 0:
+      raise ValueError(f'threshold must be > 0, got {self.threshold}')
+
+  def encode(self, x, state, key):
+    del key
+    code = jnp.where(x >= self.threshold, 2, jnp.where(x <= -self.threshold, 0, 1))
+    return (pack_bits(code.astype(jnp.uint8), 2),), state
+
+  def decode(self, payload, state, n):
+    del state
+    return (unpack_bits(payload[0], 2, n).astype(jnp.float32) - 1) * self.threshold

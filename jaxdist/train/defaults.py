@@ -37,7 +37,24 @@ def sync() -> ml_collections.ConfigDict:
   # sma (Crossbow)
   sync.sma_alpha = 0.125
   sync.sma_momentum = 0.9
-  # local_sgd / diloco / selsync: synchronise through the compressor below
+  # delay-tolerant: od_sgd | ssd_sgd | cd_sgd (the optimizer above is the global one)
+  sync.local_lr = 0.05  # the workers' local optimizer (SGD)
+  sync.local_momentum = 0.0
+  sync.delay = 1  # OD/CD-SGD: 1 step, or 0 = synchronous
+  sync.delay_warmup = 20  # synchronous steps first (the authors' code: 200 / 500 / 1000)
+  sync.k = 5  # SSD-SGD: take the global model every k steps; CD-SGD: dense every k
+  sync.compensation = 0.0  # DC-ASGD lambda of the local update (SSD-SGD's GLU: 0.04)
+  sync.twobit_threshold = 0.05  # CD-SGD's 2-bit quantiser (the authors: 0.5 on larger grads)
+  # delayed_gradients (pipelined backprop's staleness): BSP + gradients D steps late
+  sync.pipeline_delay = '4'  # an int, or 'stages' (one stage per layer)
+  sync.pipeline_fix = 'none'  # none | sc | lwp | sc+lwp
+  sync.pipeline_momentum = 0.9  # momentum of spike compensation
+  # tick_tock (Wavelet): waves of workers, alternating updates
+  sync.waves = 2
+  sync.staggered = False  # system form: a device's waves run one after the other, rematerialised
+  # bucketed: dense (or compressed) all-reduce per fixed-size bucket
+  sync.bucket_bytes = 65536
+  # local_sgd / diloco / selsync / bucketed: synchronise through the compressor below
   sync.compress_sync = False
   # compressed: the compressor and collective (see jaxdist.sync.compressed_allreduce)
   # compressed: compressor and collective (see jaxdist.sync.compressed_allreduce)
@@ -99,6 +116,22 @@ def variants() -> ml_collections.ConfigDict:
       'async4': {'sync': {'method': 'async', 'staleness': 4}},
       'gossip_ring': {'sync': {'method': 'gossip', 'topology': 'ring'}},
       'sma': {'sync': {'method': 'sma'}},
+      # delay-tolerant training and scheduling
+      'od_sgd': {'sync': {'method': 'od_sgd'}},
+      'ssd_sgd': {'sync': {'method': 'ssd_sgd', 'k': 5, 'compensation': 0.04}},
+      'cd_sgd': {'sync': {'method': 'cd_sgd', 'k': 5}},
+      'delay4': {'sync': {'method': 'delayed_gradients', 'pipeline_delay': '4'}},
+      'delay4_sc': {
+        'sync': {'method': 'delayed_gradients', 'pipeline_delay': '4', 'pipeline_fix': 'sc'}
+      },
+      'delay4_lwp': {
+        'sync': {'method': 'delayed_gradients', 'pipeline_delay': '4', 'pipeline_fix': 'lwp'}
+      },
+      'delay4_sc_lwp': {
+        'sync': {'method': 'delayed_gradients', 'pipeline_delay': '4', 'pipeline_fix': 'sc+lwp'}
+      },
+      'tick_tock': {'sync': {'method': 'tick_tock', 'waves': 2}},
+      'bucketed': {'sync': {'method': 'bucketed', 'bucket_bytes': 65536}},
     }
   )
   return variants

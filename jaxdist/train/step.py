@@ -15,9 +15,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import PartitionSpec as P
 
 from jaxdist import comm
-from jaxdist.runtime import Workers
+from jaxdist.runtime import DATA, SIM, Workers
 
 
 class TrainState(NamedTuple):
@@ -72,26 +73,48 @@ def make_init(
 
 
 def make_train_step(
-  model: nn.Module, tx: optax.GradientTransformation, workers: Workers
+  model: nn.Module, tx: optax.GradientTransformation, workers: Workers, staggered: bool = False
 ) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
   """A jitted `(state, x_WxBx..., y_WxB) -> (state, metrics)`; the state is donated.
+
+  Each device runs its workers' forward/backward passes, then the optax
+  chain (which may communicate over `workers.axis_name`) for all of them.
+  The simulated workers of a device compute their gradients together
+  (`vmap`), or, with `staggered`, one after the other under
+  rematerialisation (`lax.map` over `jax.checkpoint`ed passes), so only one
+  worker's activations are alive at a time: the system form of Wavelet's
+  tick-tock waves (`jaxdist.train.waves`).
 
   Metrics, replicated: `loss` and `accuracy` averaged over workers, and
   `wire`: for each `Transfer` in the optimizer state (in tree order), how many
   times it ran this step summed over workers.
   """
 
-  def worker_step(state: TrainState, x, y):
+  def gradients(params, model_state, x, y):
     grad_fn = jax.value_and_grad(loss_fn, argnums=1, has_aux=True)
-    (loss, (logits, model_state)), grads = grad_fn(
-      model, state.params, state.model_state, x, y, True
-    )
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    accuracy = jnp.mean(jnp.argmax(logits, -1) == y)
+    (loss, (logits, model_state)), grads = grad_fn(model, params, model_state, x, y, True)
+    return grads, model_state, loss, jnp.mean(jnp.argmax(logits, -1) == y)
+
+  def update(grads, opt_state, params):
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  def device_step(state: TrainState, x, y):  # leading axis: this device's workers
+    if staggered:
+      wave = jax.checkpoint(lambda args: gradients(*args))
+      grads, model_state, loss, accuracy = jax.lax.map(
+        wave, (state.params, state.model_state, x, y)
+      )
+    else:
+      grads, model_state, loss, accuracy = jax.vmap(gradients)(
+        state.params, state.model_state, x, y
+      )
+    params, opt_state = jax.vmap(update, axis_name=SIM)(grads, state.opt_state, state.params)
     return TrainState(params, model_state, opt_state), {'loss': loss, 'accuracy': accuracy}
 
-  mapped = workers.map(worker_step, in_axes=(0, 0, 0))
+  mapped = jax.shard_map(
+    device_step, mesh=workers.mesh, in_specs=P(DATA), out_specs=P(DATA), check_vma=False
+  )
 
   def step(state, x, y):
     state, per_worker = mapped(state, x, y)

@@ -207,6 +207,64 @@ def _sync_sma(cfg, workers, opt):
   return optax.chain(opt, sync.sma(cfg.sma_alpha, cfg.sma_momentum, axis_name=workers.axis_name))
 
 
+def _local_optimizer(cfg):
+  return optax.sgd(cfg.local_lr, momentum=cfg.local_momentum or None)
+
+
+def _sync_delay_tolerant(kind):
+  def build(cfg, workers, opt):
+    ax, local = workers.axis_name, _local_optimizer(cfg)
+    common = dict(axis_name=ax, warmup_steps=cfg.delay_warmup, compensation=cfg.compensation)
+    if kind == 'od_sgd':
+      return sync.od_sgd(opt, local, delay=cfg.delay, **common)
+    if kind == 'ssd_sgd':
+      return sync.ssd_sgd(opt, local, cfg.k, **common)
+    return sync.cd_sgd(opt, local, cfg.k, threshold=cfg.twobit_threshold, delay=cfg.delay, **common)
+
+  return build
+
+
+def _pipeline_delay(cfg):
+  return 'stages' if cfg.pipeline_delay == 'stages' else int(cfg.pipeline_delay)
+
+
+def _sync_delayed_gradients(cfg, workers, opt):
+  """BSP with every gradient applied D steps late, optionally compensated (SC, LWP)."""
+  delay = _pipeline_delay(cfg)
+  if cfg.pipeline_fix not in ('none', 'sc', 'lwp', 'sc+lwp'):
+    raise ValueError(f'sync.pipeline_fix must be none, sc, lwp or sc+lwp, got {cfg.pipeline_fix!r}')
+  parts = [sync.allreduce(axis_name=workers.axis_name), sync.gradient_delay(delay)]
+  if 'sc' in cfg.pipeline_fix:  # momentum moves into spike compensation (opt has none)
+    parts += [sync.spike_compensation(delay, cfg.pipeline_momentum), opt]
+  else:
+    parts.append(opt)
+  if 'lwp' in cfg.pipeline_fix:
+    parts.append(sync.linear_weight_prediction(delay))
+  return optax.chain(*parts)
+
+
+def _sync_tick_tock(cfg, workers, opt):
+  if cfg.waves < 1 or workers.count % cfg.waves:
+    raise ValueError(f'sync.waves={cfg.waves} must divide the {workers.count} workers')
+  return sync.tick_tock(opt, axis_name=workers.axis_name, waves=cfg.waves)
+
+
+def _sync_bucketed(cfg, workers, opt):
+  if cfg.bucket_bytes <= 0:
+    raise ValueError(f'sync.bucket_bytes must be > 0, got {cfg.bucket_bytes}')
+  from jaxdist.sync import bucketing
+
+  def plan(tree):  # fixed-size buckets, last leaves first (backward order of flax's naming)
+    sizes = [x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)]
+    return bucketing.threshold_buckets(sizes, cfg.bucket_bytes)
+
+  compressor, kwargs = _sync_compressor(cfg)
+  bucketed = sync.bucketed_allreduce(
+    plan, axis_name=workers.axis_name, compressor=compressor, **kwargs
+  )
+  return optax.chain(bucketed, opt)
+
+
 # method name -> (sync config, workers, local optimizer) -> the whole optax chain
 SYNC_METHODS = {
   'allreduce': _sync_allreduce,
@@ -219,6 +277,12 @@ SYNC_METHODS = {
   'delayed': _sync_stale('delayed'),
   'gossip': _sync_gossip,
   'sma': _sync_sma,
+  'od_sgd': _sync_delay_tolerant('od_sgd'),
+  'ssd_sgd': _sync_delay_tolerant('ssd_sgd'),
+  'cd_sgd': _sync_delay_tolerant('cd_sgd'),
+  'delayed_gradients': _sync_delayed_gradients,
+  'tick_tock': _sync_tick_tock,
+  'bucketed': _sync_bucketed,
 }
 
 
@@ -230,6 +294,10 @@ def build_chain(
   if method not in SYNC_METHODS:
     raise ValueError(f'unknown sync.method {method!r}; choose one of {sorted(SYNC_METHODS)}')
   opt, schedule = build_optimizer(config.optimizer, config.steps)
+  if method == 'delayed_gradients' and 'sc' in config.sync.pipeline_fix:
+    # spike compensation carries the momentum: the rest is SGD without it
+    decay = config.optimizer.weight_decay
+    opt = optax.chain(optax.add_decayed_weights(decay), optax.scale_by_learning_rate(schedule))
   return SYNC_METHODS[method](config.sync, workers, opt), schedule
 
 
@@ -412,7 +480,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   )
 
   init = step.make_init(exp.model, exp.tx, workers, exp.dataset.image_shape)
-  train_step = step.make_train_step(exp.model, exp.tx, workers)
+  train_step = step.make_train_step(exp.model, exp.tx, workers, staggered=cfg.sync.staggered)
   eval_step = step.make_eval_step(exp.model, workers)
   state_shape = jax.eval_shape(init, jax.random.key(cfg.seed))
   transfers = comm.find_transfers(state_shape.opt_state)
