@@ -352,3 +352,21 @@ def test_counts_of_each_kind_match_the_lowered_hlo():
   for c in found:
     lowered[c.kind] += c.nbytes
   assert reported == lowered
+
+
+@pytest.mark.parametrize('flush', [False, True])
+def test_cd_sgd_dense_correction_keeps_or_flushes_the_residual(flush):
+  tx = sync.cd_sgd(
+    SGDM(), LOCAL(), 2, axis_name=AX, warmup_steps=0, threshold=0.5, flush_residual=flush
+  )
+  run = Run(tx)
+  run(grads_at(0))  # count 0: dense
+  run(grads_at(1))  # count 1: 2-bit, leaves a residual
+  (held,) = run.state.exchange[0].residual
+  assert float(jnp.abs(held).max()) > 0
+  run(grads_at(2))  # count 2: dense correction
+  (after,) = run.state.exchange[0].residual
+  if flush:
+    np.testing.assert_array_equal(after, 0)
+  else:
+    np.testing.assert_array_equal(after, held)  # untouched by the correction

@@ -234,8 +234,10 @@ class _Exchange(NamedTuple):
   mean: Any  # (grads, state, count, synchronous) -> (mean, state)
 
 
-def _cd_exchange(k: int, threshold: float, axis_name) -> _Exchange:
-  """2-bit quantised exchange with error feedback; dense (with the residual) every k-th step.
+def _cd_exchange(k: int, threshold: float, axis_name, flush: bool) -> _Exchange:
+  """2-bit quantised exchange with error feedback; dense every k-th step.
+
+  The dense correction carries the quantisation residual too if `flush`.
 
   State: (the quantised exchange's state, whose transfers are marked
   overlapped; (dense exchange waited for, dense exchange overlapped)).
@@ -251,8 +253,12 @@ def _cd_exchange(k: int, threshold: float, axis_name) -> _Exchange:
 
     def dense(grads, q_state):
       flat = jnp.concatenate([g.reshape(-1) for g in jax.tree.leaves(grads)])
-      total, _ = comm.pmean(flat + q_state.residual[0], axis_name)
-      q_state = q_state._replace(residual=(jnp.zeros_like(flat),), wire=comm.silence(q_state.wire))
+      if flush:  # the correction also sends what the quantiser held back
+        total, _ = comm.pmean(flat + q_state.residual[0], axis_name)
+        q_state = q_state._replace(residual=(jnp.zeros_like(flat),))
+      else:
+        total, _ = comm.pmean(flat, axis_name)
+      q_state = q_state._replace(wire=comm.silence(q_state.wire))
       return _unflatten(total, grads), q_state
 
     def quantise(grads, q_state):
@@ -286,15 +292,17 @@ def cd_sgd(
   warmup_steps: int = 1000,
   delay: int = 1,
   compensation: float = 0.0,
+  flush_residual: bool = False,
 ) -> optax.GradientTransformation:
   """CD-SGD: OD-SGD with 2-bit threshold-quantised gradients and a dense correction every k steps.
 
   Gradients are quantised to ±threshold or 0 (2 bits, MXNet's `2bit`) with
-  error feedback; every k-th step the dense gradient goes instead, together
-  with the residual, which empties it (whether the authors' correction
-  carries the residual was not verified). The one-step delay hides the
-  exchange behind the next step's compute, as in OD-SGD. delay 0 with k = 1
-  is synchronous SGD.
+  error feedback; every k-th step the dense gradient goes instead. Whether
+  the authors' correction also carries (and empties) the quantisation
+  residual was not verified: by default it does not (the residual keeps
+  draining through the 2-bit steps); `flush_residual=True` sends it with the
+  correction. The one-step delay hides the exchange behind the next step's
+  compute, as in OD-SGD. delay 0 with k = 1 is synchronous SGD.
 
   Args:
     global_optimizer: the server's optimizer.
@@ -305,6 +313,7 @@ def cd_sgd(
     warmup_steps: synchronous dense steps first (the authors' code: 1000).
     delay: 1, or 0 for no delay.
     compensation: λ of a DC-ASGD correction of the local gradient.
+    flush_residual: the dense correction also sends the residual.
   """
   _check('k', k, 1)
   if threshold <= 0:
@@ -317,5 +326,5 @@ def cd_sgd(
     delay=delay,
     pull_every=1,
     compensation=compensation,
-    exchange=_cd_exchange(k, threshold, axis_name),
+    exchange=_cd_exchange(k, threshold, axis_name, flush_residual),
   )

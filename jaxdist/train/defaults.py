@@ -95,6 +95,11 @@ def variants() -> ml_collections.ConfigDict:
   # Named variants for experiments/compare.py: overrides of the fields above.
   # `compare` lists the ones it trains (the default `make run`).
   compressed = dict(method='compressed', error_feedback=True)
+  slow = {'learning_rate': 0.05, 'nesterov': False}
+
+  def delayed(delay, fix):
+    return {'method': 'delayed_gradients', 'pipeline_delay': str(delay), 'pipeline_fix': fix}
+
   variants = ml_collections.ConfigDict(
     {
       'dense': {'sync': {'method': 'allreduce'}},
@@ -120,16 +125,14 @@ def variants() -> ml_collections.ConfigDict:
       'od_sgd': {'sync': {'method': 'od_sgd'}},
       'ssd_sgd': {'sync': {'method': 'ssd_sgd', 'k': 5, 'compensation': 0.04}},
       'cd_sgd': {'sync': {'method': 'cd_sgd', 'k': 5}},
-      'delay4': {'sync': {'method': 'delayed_gradients', 'pipeline_delay': '4'}},
-      'delay4_sc': {
-        'sync': {'method': 'delayed_gradients', 'pipeline_delay': '4', 'pipeline_fix': 'sc'}
-      },
-      'delay4_lwp': {
-        'sync': {'method': 'delayed_gradients', 'pipeline_delay': '4', 'pipeline_fix': 'lwp'}
-      },
-      'delay4_sc_lwp': {
-        'sync': {'method': 'delayed_gradients', 'pipeline_delay': '4', 'pipeline_fix': 'sc+lwp'}
-      },
+      # delayed gradients (pipeline staleness) at a learning rate they survive
+      'bsp_lr05': {'optimizer': slow},
+      'delay2': {'optimizer': slow, 'sync': delayed(2, 'none')},
+      'delay2_sc': {'optimizer': slow, 'sync': delayed(2, 'sc')},
+      'delay4': {'optimizer': slow, 'sync': delayed(4, 'none')},
+      'delay4_sc': {'optimizer': slow, 'sync': delayed(4, 'sc')},
+      'delay4_lwp': {'optimizer': slow, 'sync': delayed(4, 'lwp')},
+      'delay4_sc_lwp': {'optimizer': slow, 'sync': delayed(4, 'sc+lwp')},
       'tick_tock': {'sync': {'method': 'tick_tock', 'waves': 2}},
       'bucketed': {'sync': {'method': 'bucketed', 'bucket_bytes': 65536}},
     }
