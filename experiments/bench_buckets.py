@@ -12,9 +12,6 @@ gradients are ready (and the link is free); without: after backprop.
   python experiments/bench_buckets.py --workers=16 --networks=10gbps,100gbps
 """
 
-import statistics
-import time
-
 from absl import app, flags
 
 flags.DEFINE_integer('workers', 8, 'N, the workers sharing each all-reduce.')
@@ -30,20 +27,16 @@ def _backward_seconds(model, params, rest, x, y, repeats):
   import jax
   import optax
 
+  from jaxdist import timing
+
   def loss(p):
     logits = model.apply({'params': p, **rest}, x, train=False)
     return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
-  timings = {}
-  for name, fn in (('forward', jax.jit(loss)), ('grad', jax.jit(jax.grad(loss)))):
-    jax.block_until_ready(fn(params))
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      jax.block_until_ready(fn(params))
-      times.append(time.perf_counter() - start)
-    timings[name] = statistics.median(times)
-  return max(timings['grad'] - timings['forward'], 1e-6)
+  forward, grad = jax.jit(loss), jax.jit(jax.grad(loss))
+  forward_s = timing.median_seconds(lambda: forward(params), repeats)
+  grad_s = timing.median_seconds(lambda: grad(params), repeats)
+  return max(grad_s - forward_s, 1e-6)
 
 
 def main(argv):

@@ -17,9 +17,6 @@ pressure, so the times show the cost of rematerialisation, not a gain.
   python experiments/bench_waves.py
 """
 
-import statistics
-import time
-
 from absl import app, flags
 
 flags.DEFINE_integer('repeats', 10, 'Timed steps; the median is reported.')
@@ -35,6 +32,7 @@ def main(argv):
   import optax
 
   import jaxdist as jd
+  from jaxdist import timing
   from jaxdist.train import report
   from jaxdist.train import step as step_lib
 
@@ -54,14 +52,13 @@ def main(argv):
       x = jax.device_put(jnp.zeros((workers, per, *shape)), layout.sharding)
       y = jax.device_put(jnp.zeros((workers, per), jnp.int32), layout.sharding)
       memory = step.lower(state, x, y).compile().memory_analysis().temp_size_in_bytes
-      state, m = step(state, x, y)
-      jax.block_until_ready(m)
-      times = []
-      for _ in range(FLAGS.repeats):
-        start = time.perf_counter()
-        state, m = step(state, x, y)
-        jax.block_until_ready(m)
-        times.append(time.perf_counter() - start)
+      box = [state]
+
+      def run(box=box, step=step, x=x, y=y):
+        box[0], metrics = step(box[0], x, y)
+        return metrics
+
+      seconds = timing.median_seconds(run, FLAGS.repeats)
       base = base or memory
       rows.append(
         {
@@ -70,7 +67,7 @@ def main(argv):
           'examples': workers * per,
           'peak': report.human_bytes(memory),
           'ratio': f'{memory / base:.2f}',
-          'ms': f'{1e3 * statistics.median(times):.1f}',
+          'ms': f'{1e3 * seconds:.1f}',
         }
       )
   print(

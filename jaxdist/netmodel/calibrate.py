@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdist import comm
+from jaxdist import comm, timing
 from jaxdist.netmodel.model import Network
 from jaxdist.runtime import Workers
 
@@ -38,14 +36,8 @@ def calibrate(
   xs, ts = [], []
   for size in sizes:
     x = jax.device_put(jnp.ones((n, size), jnp.float32), workers.sharding)
-    jax.block_until_ready(reduce(x))
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      jax.block_until_ready(reduce(x))
-      times.append(time.perf_counter() - start)
     xs.append(4.0 * size)
-    ts.append(statistics.median(times))
+    ts.append(timing.median_seconds(lambda x=x: reduce(x), repeats))
   slope, intercept = np.polyfit(np.asarray(xs), np.asarray(ts), 1)
   latency = max(float(intercept), 0.0) / (2 * (n - 1))
   beta = max(float(slope), 1e-15) * n / (2 * (n - 1))

@@ -24,7 +24,7 @@ import numpy as np
 import optax
 import tqdm
 
-from jaxdist import comm, compress, data, models, netmodel, runtime, sync
+from jaxdist import comm, compress, data, models, netmodel, runtime, sync, timing
 from jaxdist.train import checkpoint, metrics, report, step
 
 SUMMARY_FILE = 'summary.json'
@@ -436,15 +436,13 @@ def measure_worker_step(exp: Experiment, repeats: int = 20) -> float:
   )
   x = jax.device_put(exp.dataset.normalize(exp.dataset.train.images[idx])[None], one.sharding)
   y = jax.device_put(exp.dataset.train.labels[idx][None], one.sharding)
-  state, m = train_step(state, x, y)  # compile
-  jax.block_until_ready(m)
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    state, m = train_step(state, x, y)
-    jax.block_until_ready(m)
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
+  box = [state]
+
+  def run():
+    box[0], metrics = train_step(box[0], x, y)
+    return metrics
+
+  return timing.median_seconds(run, repeats)
 
 
 def _evaluate(eval_step, state, chunks) -> dict[str, float]:
