@@ -1,6 +1,14 @@
-"""The training loop: the only part of jaxdist that reads a config or does I/O."""
+"""The training loop: the only part of jaxdist that reads a config or does I/O.
 
-from jaxdist.train import checkpoint, compare, metrics, report
+- `config`: the base config (every option and its default) and `:arg` parsing.
+- `factory`: config -> dataset, model, optax chain, workers, networks.
+- `trainer`: `train_and_evaluate(config, workdir)`, the loop.
+- `ledger`: what each step sent and its modelled time; a run's summary.
+- `step`: the jitted, sharded train and eval steps.
+"""
+
+from jaxdist.train import checkpoint, compare, config, factory, ledger, metrics, report
+from jaxdist.train.factory import ConfigError, Experiment, build, load_config
 from jaxdist.train.step import (
   TrainState,
   make_eval_step,
@@ -8,7 +16,7 @@ from jaxdist.train.step import (
   make_reference_step,
   make_train_step,
 )
-from jaxdist.train.trainer import ConfigError, Experiment, build, load_config, train_and_evaluate
+from jaxdist.train.trainer import train_and_evaluate
 
 __all__ = [
   'ConfigError',
@@ -17,6 +25,9 @@ __all__ = [
   'build',
   'checkpoint',
   'compare',
+  'config',
+  'factory',
+  'ledger',
   'load_config',
   'make_eval_step',
   'make_init',

@@ -27,7 +27,7 @@ def setup(cpu_devices: int) -> None:
 
 def run(fn: Callable[..., Any], *args: Any) -> Any:
   """Calls fn; a ConfigError becomes one `error:` line on stderr and exit status 2."""
-  from jaxdist.train.trainer import ConfigError
+  from jaxdist.train.factory import ConfigError
 
   try:
     return fn(*args)

@@ -7,10 +7,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import matplotlib.pyplot as plt
 import ml_collections
+from matplotlib.figure import Figure
 
-from jaxdist.train import metrics, report, trainer
+from jaxdist.train import factory, ledger, metrics, report, trainer
 
 TABLE_FILE = 'compare.md'
 PLOT_FILE = 'compare.png'
@@ -19,7 +19,7 @@ PLOT_FILE = 'compare.png'
 def variant_config(base: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
   """`base` with the overrides of variant `name` applied."""
   if name not in base.variants:
-    raise trainer.ConfigError(f'unknown variant {name!r}; the config has {sorted(base.variants)}')
+    raise factory.ConfigError(f'unknown variant {name!r}; the config has {sorted(base.variants)}')
   config = ml_collections.ConfigDict(base.to_dict())
   _update(config, base.variants[name].to_dict(), name)
   return config
@@ -28,7 +28,7 @@ def variant_config(base: ml_collections.ConfigDict, name: str) -> ml_collections
 def _update(node: ml_collections.ConfigDict, overrides: dict[str, Any], where: str) -> None:
   for key, value in overrides.items():
     if key not in node:
-      raise trainer.ConfigError(f'variant {where!r} sets {key!r}, which the config does not have')
+      raise factory.ConfigError(f'variant {where!r} sets {key!r}, which the config does not have')
     if isinstance(value, dict):
       _update(node[key], value, f'{where}.{key}')
     else:
@@ -40,17 +40,17 @@ def run(
 ) -> list[dict[str, Any]]:
   """Trains each variant in workdir/<name> (resuming any that exist); returns the table rows."""
   if not names:
-    raise trainer.ConfigError('no variants to compare')
+    raise factory.ConfigError('no variants to compare')
   configs = {name: variant_config(base, name) for name in names}  # all checked before training
   for name, config in configs.items():
-    trainer.build(config, os.path.join(workdir, name))
+    factory.build(config, os.path.join(workdir, name))
   runs = {}
   for name, config in configs.items():
     print(f'\n=== {name}')
     summary = trainer.train_and_evaluate(config, os.path.join(workdir, name))
     records = metrics.read_jsonl(os.path.join(workdir, name, metrics.METRICS_FILE))
     runs[name] = (summary, records)
-  networks = [n.strip() for n in base.network.profiles.split(',') if n.strip()]
+  networks = factory.names(base.network.profiles)
   rows = table_rows(runs, networks)
   columns = COLUMNS + tuple((f'tta@{n}', f'time to {rows[0]["target"]:.4f} @{n}') for n in networks)
   text = report.table(rows, columns)
@@ -60,7 +60,7 @@ def run(
     f.write(text + '\n')
   with open(os.path.join(workdir, 'compare.json'), 'w') as f:
     json.dump(rows, f, indent=2)
-  plot(runs, networks, os.path.join(workdir, PLOT_FILE))
+  report.save(plot(runs, networks), os.path.join(workdir, PLOT_FILE))
   print(f'plot: {os.path.join(workdir, PLOT_FILE)}')
   return rows
 
@@ -91,19 +91,20 @@ def table_rows(runs: dict[str, tuple[dict, list]], networks: Sequence[str]) -> l
       'target': target,
     }
     for net in networks:
-      hit = report.time_to_accuracy(records, target, net, summary['worker_step_s'])
+      hit = ledger.time_to_accuracy(records, target, net, summary['worker_step_s'])
       row[f'tta@{net}'] = f'{hit[1]:.2f}s (step {hit[0]})' if hit else 'not reached'
       row[f'modelled_s@{net}'] = summary.get(f'modelled_s@{net}')
     rows.append(row)
   return rows
 
 
-def plot(runs: dict[str, tuple[dict, list]], networks: Sequence[str], path: str) -> None:
+def plot(runs: dict[str, tuple[dict, list]], networks: Sequence[str]) -> Figure:
   """Test accuracy against modelled time, one panel per network."""
-  fig, axes = plt.subplots(1, len(networks), figsize=(5 * len(networks), 3.8), squeeze=False)
+  fig = Figure(figsize=(5 * len(networks), 3.8))
+  axes = fig.subplots(1, len(networks), squeeze=False)
   for ax, net in zip(axes[0], networks, strict=True):
     for name, (summary, records) in runs.items():
-      clock = dict(report.modelled_clock(records, net, summary['worker_step_s']))
+      clock = dict(ledger.modelled_clock(records, net, summary['worker_step_s']))
       evals = [r for r in records if 'test_accuracy' in r]
       ax.plot(
         [clock[r['step']] for r in evals],
@@ -116,5 +117,4 @@ def plot(runs: dict[str, tuple[dict, list]], networks: Sequence[str], path: str)
     ax.grid(alpha=0.3)
     ax.legend(loc='lower right')
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  return fig

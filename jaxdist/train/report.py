@@ -1,15 +1,16 @@
-"""End-of-run summary: a table on the console and a PNG of the curves."""
+"""What a run shows a person: a progress bar, a table on the console, and figures.
+
+Figures are `matplotlib.figure.Figure` objects built without pyplot, so no
+backend is chosen at import and a notebook displays the returned figure.
+"""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import matplotlib
-
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt
+import tqdm
+from matplotlib.figure import Figure
 
 
 def human_bytes(n: float) -> str:
@@ -42,10 +43,11 @@ def _fmt(v: Any) -> str:
   return str(v)
 
 
-def plot_curves(records: Sequence[Mapping[str, Any]], path: str, title: str = '') -> None:
+def plot_curves(records: Sequence[Mapping[str, Any]], title: str = '') -> Figure:
   """Training loss, and train/test accuracy, against step."""
   steps = [r['step'] for r in records if 'loss' in r]
-  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.8))
+  fig = Figure(figsize=(10, 3.8))
+  ax_loss, ax_acc = fig.subplots(1, 2)
   ax_loss.plot(steps, [r['loss'] for r in records if 'loss' in r], lw=1, label='train')
   evals = [r for r in records if 'test_loss' in r]
   ax_loss.plot([r['step'] for r in evals], [r['test_loss'] for r in evals], 'o-', label='test')
@@ -63,44 +65,22 @@ def plot_curves(records: Sequence[Mapping[str, Any]], path: str, title: str = ''
   if title:
     fig.suptitle(title)
   fig.tight_layout()
+  return fig
+
+
+def save(fig: Figure, path: str) -> str:
+  """Writes `fig` as a PNG at `path`; returns the path."""
   fig.savefig(path, dpi=120)
-  plt.close(fig)
+  return path
 
 
-# --- the modelled clock --------------------------------------------------------
+class Progress(tqdm.tqdm):
+  """tqdm's bar, showing the last record's loss and accuracy."""
+
+  def show(self, record: Mapping[str, Any]) -> None:
+    self.set_postfix(loss=f'{record["loss"]:.3f}', acc=f'{record["accuracy"]:.3f}', refresh=False)
 
 
-def median_step_s(records: Sequence[Mapping[str, Any]]) -> float | None:
-  """Median measured step time: robust to the compile step and eval/checkpoint spikes."""
-  times = [r['step_s'] for r in records if r.get('step_s')]
-  return statistics.median(times) if times else None
-
-
-def modelled_clock(
-  records: Sequence[Mapping[str, Any]], network: str, compute_s: float
-) -> list[tuple[int, float]]:
-  """(step, seconds) of the modelled clock: `compute_s` per step + modelled communication.
-
-  `compute_s` is one worker's measured step without communication
-  (`trainer.measure_worker_step`); communication is the α-β time of what
-  each step really sent on `network`: in full where the step waits for it,
-  and only what the compute does not hide where it overlaps the next step
-  (delay-tolerant methods).
-  """
-  clock, out = 0.0, []
-  for r in records:
-    hidden = r.get(f'overlap_s@{network}', 0.0)
-    clock += compute_s + r.get(f'comm_s@{network}', 0.0) + max(0.0, hidden - compute_s)
-    out.append((r['step'], clock))
-  return out
-
-
-def time_to_accuracy(
-  records: Sequence[Mapping[str, Any]], target: float, network: str, compute_s: float
-) -> tuple[int, float] | None:
-  """(step, modelled seconds) of the first evaluation reaching `target`, or None."""
-  clock = dict(modelled_clock(records, network, compute_s))
-  for r in records:
-    if r.get('test_accuracy') is not None and r['test_accuracy'] >= target:
-      return r['step'], clock[r['step']]
-  return None
+def progress(total: int, initial: int, enabled: bool) -> Progress:
+  """A progress bar of training steps (silent unless `enabled`)."""
+  return Progress(total=total, initial=initial, disable=not enabled, desc='train', unit='step')

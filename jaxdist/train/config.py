@@ -1,0 +1,305 @@
+"""The base config every experiment builds on, and `:arg` parsing for config files.
+
+Each method and each compressor has a section whose keys ARE the arguments of
+its factory (`config.sync.local_sgd.period` is `jd.sync.local_sgd(period=...)`,
+`config.compress.dgc.sample_ratio` is `jd.compress.dgc(sample_ratio=...)`);
+`config.sync.method` and `config.compress.name` pick the section that runs,
+as big_vision picks a model by name. Arguments the trainer supplies itself
+(`axis_name`, the local optimizer, gossip's `num_workers`) are not in the
+sections. Three kinds of value stand for objects the trainer builds:
+
+- an optimizer argument (`diloco.outer_optimizer`, `od_sgd.local_optimizer`)
+  is a dict like `config.optimizer` (name, learning_rate, momentum, ...);
+- `averager` names the transform that averages a worker's change since the
+  last sync: '' (average the models themselves), 'allreduce',
+  'compressed_allreduce' (with `config.compress`) or 'powersgd';
+- `bucketed_allreduce.buckets` is a bucket size in bytes (DDP-style fixed
+  buckets in backward order).
+
+Only data here: `jaxdist.train.factory` turns names into objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+# Where the local optimizer goes relative to each sync method: 'before' the
+# transform (it averages gradients), 'after' it (it averages models), or
+# passed 'in' as its first argument (it wraps the optimizer).
+METHODS = {
+  'allreduce': 'before',
+  'compressed_allreduce': 'before',
+  'powersgd': 'before',
+  'bucketed_allreduce': 'before',
+  'stale_sync': 'before',
+  'ssp': 'before',
+  'async_sgd': 'before',
+  'gradient_delay': 'before',
+  'local_sgd': 'after',
+  'diloco': 'after',
+  'gossip': 'after',
+  'sma': 'after',
+  'selsync': 'in',
+  'tick_tock': 'in',
+  'od_sgd': 'in',
+  'ssd_sgd': 'in',
+  'cd_sgd': 'in',
+}
+
+
+def optimizer(name: str = 'sgd', learning_rate: float = 0.1, **kw: Any) -> dict[str, Any]:
+  """An optimizer section: what `factory.build_optimizer` reads."""
+  return dict(
+    name=name,  # sgd | adam | adamw
+    learning_rate=learning_rate,
+    momentum=kw.pop('momentum', 0.0),
+    nesterov=kw.pop('nesterov', False),
+    weight_decay=kw.pop('weight_decay', 0.0),
+    schedule=kw.pop('schedule', 'constant'),  # constant | cosine (with linear warm-up)
+    warmup_steps=kw.pop('warmup_steps', 0),
+    **kw,
+  )
+
+
+def sync() -> ml_collections.ConfigDict:
+  """`config.sync`: the method, and one section of factory arguments per method."""
+  s = ml_collections.ConfigDict()
+  s.method = 'allreduce'  # a key of METHODS: the jaxdist.sync factory of that name
+  # Gradient averaging (the local optimizer follows).
+  s.allreduce = {}
+  s.compressed_allreduce = dict(  # the compressor: config.compress
+    collective='allgather',  # allgather | allreduce (AR-Top-k, summed payloads) | auto
+    error_feedback=True,
+    fused=True,  # compress the whole model as one vector
+    min_size=0,  # smaller tensors go dense
+    leader='star',  # AR-Top-k's leader: star (round-robin) | var (largest norm)
+    momentum_correction=0.0,  # DGC (then use momentum 0 in the optimizer)
+    nesterov=False,
+    warmup_steps=0,  # DGC's sparsity warm-up
+    warmup_stages=4,
+    network='10gbps',  # what 'auto' prices against
+    algorithm='ring',
+    seed=0,
+  )
+  s.powersgd = dict(rank=2, start_step=0, error_feedback=True, min_size=0, warm_start=True, seed=0)
+  s.bucketed_allreduce = dict(buckets=65536, averager='')  # buckets: bytes per bucket
+  s.stale_sync = dict(max_delay=2, delays='uniform', read_my_writes=False, p=0.5, seed=0)
+  s.ssp = dict(staleness=2, seed=0)
+  s.async_sgd = dict(max_delay=4, p=0.5, seed=0)
+  # Pipelined backprop's staleness: all-reduce, then every gradient `delay` steps late.
+  s.gradient_delay = dict(delay='4')  # an int, or 'stages' (one stage per layer)
+  # Kosson et al.'s fixes, with gradient_delay's delay: '' or any of
+  # spike_compensation,linear_weight_prediction (comma-separated).
+  s.compensation = ''
+  s.spike_compensation = dict(momentum=0.9)  # carries the momentum (the optimizer's is dropped)
+  s.linear_weight_prediction = {}
+  # Model averaging (after the local optimizer).
+  s.local_sgd = dict(period=4, warmup_steps=0, averager='')
+  s.diloco = dict(
+    period=4,
+    outer_optimizer=optimizer('sgd', 0.7, momentum=0.9, nesterov=True),
+    averager='',
+  )
+  s.gossip = dict(topology='ring', rows=None)  # ring | torus | exponential | complete
+  s.sma = dict(alpha=0.125, momentum=0.9)
+  # Methods that take the local optimizer as their first argument.
+  s.selsync = dict(
+    threshold=0.3, window=25, alpha=0.01, norm='layer_sum', squared=False, averager=''
+  )
+  s.tick_tock = dict(waves=2)
+  local = optimizer('sgd', 0.05)  # delay-tolerant methods' local optimizer
+  s.od_sgd = dict(local_optimizer=local, warmup_steps=20, delay=1, compensation=0.0)
+  s.ssd_sgd = dict(local_optimizer=local, k=5, warmup_steps=20, compensation=0.0)
+  s.cd_sgd = dict(
+    local_optimizer=local,
+    k=5,
+    threshold=0.05,
+    warmup_steps=20,
+    delay=1,
+    compensation=0.0,
+    flush_residual=False,
+  )
+  # DGC's local gradient clipping before any gradient-averaging method (0 = off).
+  s.local_clip = dict(max_norm=0.0)
+  # System form of tick-tock: a device's workers run their passes one after
+  # the other, rematerialised (jaxdist.train.step.make_train_step).
+  s.staggered = False
+  return s
+
+
+def compress() -> ml_collections.ConfigDict:
+  """`config.compress`: the compressor of `compressed_allreduce`, one section each.
+
+  Sparsifiers take exactly one of `ratio` and `k`: to give k, also set ratio
+  to None.
+  """
+  c = ml_collections.ConfigDict()
+  c.name = 'topk'
+  c.identity = {}
+  c.topk = dict(ratio=0.01, k=None)
+  c.mstopk = dict(ratio=0.01, k=None, rounds=25)
+  c.dgc = dict(
+    ratio=0.01, k=None, sample_ratio=0.01, min_sample=2048, max_sample=16384, bins_per_k=2
+  )
+  c.randomk = dict(ratio=0.01, rescale=True)
+  c.threshold = dict(ratio=0.01, k=None, tau=0.0)
+  c.qsgd = dict(levels=127, bucket_size=512)
+  c.terngrad = dict(bucket_size=None)
+  c.sign = {}
+  c.ef_sign = dict(bucket_size=None)
+  c.onebit = dict(bucket_size=None)
+  c.twobit = dict(threshold=0.5)
+  c.cast = dict(dtype='bfloat16')  # bfloat16 | float16 | float8_e4m3fn | float8_e5m2
+  return c
+
+
+def network() -> ml_collections.ConfigDict:
+  """Networks the modelled clock prices each step's communication on."""
+  n = ml_collections.ConfigDict()
+  # names ('1gbps'), specs ('20gbps@4ms') or ADOPT's varying network
+  # ('adopt_c1@50': 50 steps per phase)
+  n.profiles = '1gbps,10gbps'
+  n.algorithm = 'ring'  # all-reduce algorithm: ring | tree | ps
+  return n
+
+
+def compressed(name: str, collective: str = 'allgather', **args: Any) -> dict[str, Any]:
+  """A variant's overrides: `compressed_allreduce` with compressor `name`(**args)."""
+  return {
+    'sync': {'method': 'compressed_allreduce', 'compressed_allreduce': {'collective': collective}},
+    'compress': {'name': name, name: args},
+  }
+
+
+def variants() -> ml_collections.ConfigDict:
+  """Named overrides for `experiments/compare.py`: one per method studied."""
+  slow = {'learning_rate': 0.05, 'nesterov': False}
+  noef = compressed('topk', ratio=0.01)
+  noef['sync']['compressed_allreduce']['error_feedback'] = False
+
+  def method(name: str, **args: Any) -> dict[str, Any]:
+    return {'sync': {'method': name, name: args}} if args else {'sync': {'method': name}}
+
+  def delayed(delay: int, *fixes: str) -> dict[str, Any]:
+    sync = {'method': 'gradient_delay', 'gradient_delay': {'delay': str(delay)}}
+    return {'optimizer': slow, 'sync': {**sync, 'compensation': ','.join(fixes)}}
+
+  sc, lwp = 'spike_compensation', 'linear_weight_prediction'
+  return ml_collections.ConfigDict(
+    {
+      # compression
+      'dense': method('allreduce'),
+      'topk1_ef': compressed('topk', ratio=0.01),
+      'artopk1': compressed('topk', 'allreduce', ratio=0.01),
+      'powersgd2': method('powersgd', rank=2),
+      'qsgd8': compressed('qsgd', levels=127),
+      'topk1_noef': noef,
+      # less synchronisation
+      'bsp': method('allreduce'),
+      'local4': method('local_sgd', period=4),
+      'local16': method('local_sgd', period=16),
+      'diloco8': method('diloco', period=8),
+      'selsync': method('selsync', threshold=0.3),
+      'selsync01': method('selsync', threshold=0.1),
+      'ssp2': method('ssp', staleness=2),
+      'async4': method('async_sgd', max_delay=4),
+      'gossip_ring': method('gossip', topology='ring'),
+      'sma': method('sma'),
+      # delay-tolerant training and scheduling
+      'od_sgd': method('od_sgd'),
+      'ssd_sgd': method('ssd_sgd', k=5, compensation=0.04),
+      'cd_sgd': method('cd_sgd', k=5),
+      'tick_tock': method('tick_tock', waves=2),
+      'bucketed': method('bucketed_allreduce', buckets=65536),
+      # delayed gradients (pipeline staleness) at a learning rate they survive
+      'bsp_lr05': {'optimizer': slow},
+      'delay2': delayed(2),
+      'delay2_sc': delayed(2, sc),
+      'delay4': delayed(4),
+      'delay4_sc': delayed(4, sc),
+      'delay4_lwp': delayed(4, lwp),
+      'delay4_sc_lwp': delayed(4, sc, lwp),
+    }
+  )
+
+
+def base() -> ml_collections.ConfigDict:
+  """Every option with its default; experiment configs override what they need."""
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+
+  config.dataset = ml_collections.ConfigDict()
+  config.dataset.name = 'digits'  # 'synthetic', or any tfds image dataset as array_record
+  config.dataset.data_dir = ''  # '' = $TFDS_DATA_DIR or ~/tensorflow_datasets
+  config.dataset.download = False
+  config.dataset.train_split = 'train'
+  config.dataset.test_split = 'test'
+  # used when name == 'synthetic' (labels from a random linear teacher)
+  config.dataset.image_shape = '32,32,3'
+  config.dataset.num_classes = 10
+  config.dataset.train_size = 2048
+  config.dataset.test_size = 512
+
+  config.model = ml_collections.ConfigDict()
+  config.model.name = 'cnn'  # mlp | cnn | resnet20
+
+  config.workers = 8  # data-parallel workers in all
+  config.devices = 0  # devices they run on; 0 = as many as divide `workers`
+  config.batch_size = 128  # global: each worker takes batch_size // workers
+  config.steps = 400
+
+  config.optimizer = ml_collections.ConfigDict(
+    optimizer('sgd', 0.1, momentum=0.9, nesterov=True, weight_decay=1e-4, schedule='cosine')
+  )
+  config.optimizer.warmup_steps = 20
+
+  config.sync = sync()
+  config.compress = compress()
+  config.network = network()
+
+  config.eval_every = 20
+  config.eval_batch_size = 1024
+  config.checkpoint_every = 100
+  config.keep_checkpoints = 2
+  config.progress = True
+
+  # Fault injection for recovery experiments: SIGKILL the process after this
+  # step is logged, losing the steps since the last checkpoint (0 = never).
+  config.fault = ml_collections.ConfigDict()
+  config.fault.kill_at_step = 0
+
+  # Named variants for experiments/compare.py; `compare` lists the ones it trains.
+  config.variants = variants()
+  config.compare = 'dense,topk1_ef,artopk1,powersgd2'
+  return config
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
+  """The `:arg` of `--config=file.py:arg`, e.g. 'runlocal,workers=16', as a ConfigDict.
+
+  Each comma-separated item is `key=value` (converted to the type of its
+  default) or a bare `flag` (True). Only keys given in `defaults` are
+  allowed, so a typo is an error that lists them.
+  """
+  out = ml_collections.ConfigDict(defaults)
+  for item in filter(None, (s.strip() for s in (arg or '').split(','))):
+    key, eq, value = item.partition('=')
+    if key not in defaults:
+      raise ValueError(f'unknown config argument {key!r}; this config takes {sorted(defaults)}')
+    default = defaults[key]
+    if not eq:
+      out[key] = True
+    elif isinstance(default, bool):
+      if value.lower() not in ('true', 'false', '1', '0'):
+        raise ValueError(f'config argument {key} takes true or false, got {value!r}')
+      out[key] = value.lower() in ('true', '1')
+    else:
+      try:
+        out[key] = type(default)(value) if default is not None else value
+      except ValueError:
+        raise ValueError(
+          f'config argument {key} takes a {type(default).__name__}, got {value!r}'
+        ) from None
+  return out

@@ -1,0 +1,319 @@
+"""Config -> objects: the dataset, model, optax chain, worker layout and networks of a run.
+
+The only reader of `config.sync` and `config.compress`. A method's section is
+passed to its factory as keyword arguments unchanged (the keys are the
+argument names; see `jaxdist.train.config`), so an error names the key the
+user typed: `config.sync.selsync: alpha must be in [0, 1), got 1.5`.
+Everything is checked here, before the run touches its work directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_collections
+import optax
+
+from jaxdist import compress, data, models, netmodel, runtime, sync
+from jaxdist.train import config as config_lib
+
+
+class ConfigError(ValueError):
+  """The config, flags or work directory cannot run; the message says why."""
+
+
+def load_config(spec: str, **overrides: Any) -> ml_collections.ConfigDict:
+  """A config from `path/to/config.py[:arg]`, as `--config=` reads it.
+
+  Args:
+    spec: the config file, optionally followed by `:arg` (e.g. `:runlocal,workers=16`).
+    **overrides: dotted keys to set afterwards, e.g. `**{'sync.method': 'local_sgd'}`.
+  """
+  path, _, arg = spec.partition(':')
+  module_spec = importlib.util.spec_from_file_location('_jaxdist_config', path)
+  if module_spec is None or not os.path.exists(path):
+    raise ConfigError(f'no config file at {path}')
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  config = module.get_config(arg or None)
+  for key, value in overrides.items():
+    *parents, leaf = key.split('.')
+    node = config
+    for parent in parents:
+      node = node[parent]
+    node[leaf] = value
+  return config
+
+
+# --- one factory call per config section ------------------------------------------
+
+
+def call(factory: Callable[..., Any], where: str, section: Any, **supplied: Any) -> Any:
+  """`factory(**section, **supplied)`; errors name the config section `where`.
+
+  Args:
+    factory: a jaxdist factory (transform or compressor).
+    where: the section's dotted config path, e.g. 'sync.local_sgd'.
+    section: its keys and values (the factory's argument names).
+    **supplied: arguments the trainer provides (axis_name, optimizers...).
+  """
+  kwargs = dict(section or {})
+  allowed = set(inspect.signature(factory).parameters) - set(supplied)
+  unknown = sorted(set(kwargs) - allowed)
+  if unknown:
+    raise ValueError(
+      f'config.{where} has {unknown}, which {factory.__name__} does not take; '
+      f'its arguments: {sorted(allowed - {"axis_name"})}'
+    )
+  try:
+    return factory(**kwargs, **supplied)
+  except (ValueError, TypeError) as e:
+    raise ValueError(f'config.{where}: {e}') from e
+
+
+def build_optimizer(cfg: Any, steps: int, where: str = 'optimizer'):
+  """(optimizer, learning-rate schedule) of an optimizer section (`config.optimizer`)."""
+  cfg = ml_collections.ConfigDict(dict(cfg))
+  lr = cfg.learning_rate
+  if cfg.schedule == 'constant':
+    schedule = optax.constant_schedule(lr)
+  elif cfg.schedule == 'cosine':
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, min(cfg.warmup_steps, steps - 1), steps)
+  else:
+    raise ValueError(
+      f"config.{where}.schedule must be 'constant' or 'cosine', got {cfg.schedule!r}"
+    )
+  rate = lr if cfg.schedule == 'constant' else schedule
+  if cfg.name == 'sgd':
+    opt = optax.sgd(rate, momentum=cfg.momentum or None, nesterov=cfg.nesterov)
+  elif cfg.name == 'adam':
+    opt = optax.adam(rate)
+  elif cfg.name == 'adamw':
+    opt = optax.adamw(rate, weight_decay=cfg.weight_decay)
+  else:
+    raise ValueError(f"config.{where}.name must be 'sgd', 'adam' or 'adamw', got {cfg.name!r}")
+  if cfg.weight_decay and cfg.name != 'adamw':
+    opt = optax.chain(optax.add_decayed_weights(cfg.weight_decay), opt)
+  return opt, schedule
+
+
+def build_compressor(cfg: ml_collections.ConfigDict) -> compress.Compressor:
+  """The compressor `cfg.name` with the arguments of its section `cfg[cfg.name]`."""
+  if cfg.name not in compress.REGISTRY or cfg.name not in cfg:
+    raise ValueError(
+      f'unknown compress.name {cfg.name!r}; choose one of '
+      f'{sorted(n for n in compress.REGISTRY if n in cfg)}'
+    )
+  return call(compress.REGISTRY[cfg.name], f'compress.{cfg.name}', cfg[cfg.name])
+
+
+def _averager(name: str, config, axis_name, where: str):
+  """The averaging transform an `averager` key names ('' = average the models)."""
+  if not name:
+    return None
+  if name == 'allreduce':
+    return sync.allreduce(axis_name=axis_name)
+  if name == 'compressed_allreduce':
+    c = build_compressor(config.compress)
+    section = config.sync.compressed_allreduce
+    return call(
+      sync.compressed_allreduce,
+      'sync.compressed_allreduce',
+      section,
+      compressor=c,
+      axis_name=axis_name,
+    )
+  if name == 'powersgd':
+    return call(sync.powersgd, 'sync.powersgd', config.sync.powersgd, axis_name=axis_name)
+  raise ValueError(
+    f"config.{where}.averager must be '', 'allreduce', 'compressed_allreduce' or 'powersgd', "
+    f'got {name!r}'
+  )
+
+
+def _bucket_plan(nbytes: int, where: str) -> Callable[[Any], list[list[int]]]:
+  if nbytes <= 0:
+    raise ValueError(f'config.{where}.buckets (bytes per bucket) must be > 0, got {nbytes}')
+
+  def plan(tree):  # fixed-size buckets, last leaves first (backward order of flax's naming)
+    sizes = [x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)]
+    return netmodel.threshold_buckets(sizes, nbytes)
+
+  return plan
+
+
+def _delay(value: Any) -> int | str:
+  return int(value) if str(value).lstrip('-').isdigit() else str(value)
+
+
+def sync_transform(config, workers: runtime.Workers, opt, schedule) -> optax.GradientTransformation:
+  """The transform `config.sync.method` names, built from its section, with `opt` passed in."""
+  method = config.sync.method
+  where = f'sync.{method}'
+  section = dict(config.sync[method])
+  supplied: dict[str, Any] = {'axis_name': workers.axis_name}
+  for key in [k for k in section if k.endswith('optimizer')]:
+    section[key] = build_optimizer(section[key], config.steps, f'{where}.{key}')[0]
+  if 'averager' in section:
+    section['averager'] = _averager(section['averager'], config, workers.axis_name, where)
+  if method == 'compressed_allreduce':
+    supplied['compressor'] = build_compressor(config.compress)
+  elif method == 'bucketed_allreduce':
+    section['buckets'] = _bucket_plan(section['buckets'], where)
+  elif method == 'gossip':
+    supplied['num_workers'] = workers.count
+  elif method == 'gradient_delay':
+    section['delay'] = _delay(section['delay'])
+    del supplied['axis_name']
+  if config_lib.METHODS[method] == 'in':
+    first = next(iter(inspect.signature(getattr(sync, method)).parameters))
+    supplied[first] = opt
+  return call(getattr(sync, method), where, section, **supplied)
+
+
+COMPENSATIONS = ('spike_compensation', 'linear_weight_prediction')
+
+
+def build_chain(config, workers: runtime.Workers) -> tuple[optax.GradientTransformation, Any]:
+  """The optax chain of `config.sync.method` around the local optimizer, and its schedule."""
+  method = config.sync.method
+  if method not in config_lib.METHODS or method not in config.sync:
+    raise ValueError(f'unknown sync.method {method!r}; choose one of {sorted(config_lib.METHODS)}')
+  opt, schedule = build_optimizer(config.optimizer, config.steps)
+  fixes = [f.strip() for f in config.sync.compensation.split(',') if f.strip()]
+  if fixes and method != 'gradient_delay':
+    raise ValueError(f'config.sync.compensation applies to gradient_delay, not {method!r}')
+  if unknown := set(fixes) - set(COMPENSATIONS):
+    raise ValueError(f'config.sync.compensation: unknown {sorted(unknown)}; use {COMPENSATIONS}')
+  if 'spike_compensation' in fixes:
+    # spike compensation carries the momentum: the rest is SGD without it
+    decay = config.optimizer.weight_decay
+    opt = optax.chain(optax.add_decayed_weights(decay), optax.scale_by_learning_rate(schedule))
+  tx = sync_transform(config, workers, opt, schedule)
+  place = config_lib.METHODS[method]
+  if place == 'after':
+    return optax.chain(opt, tx), schedule
+  if place == 'in':
+    return tx, schedule
+  parts = [tx]
+  if config.sync.local_clip.max_norm:
+    parts.insert(
+      0,
+      call(sync.local_clip, 'sync.local_clip', config.sync.local_clip, axis_name=workers.axis_name),
+    )
+  if method == 'gradient_delay':  # pipelined backprop: the delay is the pipeline's, not the net's
+    delay = _delay(config.sync.gradient_delay.delay)
+    parts.insert(-1, sync.allreduce(axis_name=workers.axis_name))
+    if 'spike_compensation' in fixes:
+      sc = config.sync.spike_compensation
+      parts.append(call(sync.spike_compensation, 'sync.spike_compensation', sc, delay=delay))
+  tx = optax.chain(*parts, opt)
+  if 'linear_weight_prediction' in fixes:
+    lwp = config.sync.linear_weight_prediction
+    lwp = call(sync.linear_weight_prediction, 'sync.linear_weight_prediction', lwp, delay=delay)
+    tx = optax.chain(tx, lwp)
+  return tx, schedule
+
+
+# --- the run -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Experiment:
+  """Everything a run needs, built and checked from a config."""
+
+  config: ml_collections.ConfigDict
+  workdir: str
+  dataset: data.Dataset
+  model: Any
+  tx: optax.GradientTransformation
+  schedule: Any
+  workers: runtime.Workers
+  networks: dict[str, netmodel.Network | netmodel.Schedule]
+
+  @property
+  def per_worker(self) -> int:
+    return self.config.batch_size // self.workers.count
+
+  def __str__(self) -> str:
+    w = self.workers
+    return (
+      f'{w.count} workers = {w.devices} devices ({jax.devices()[0].platform}) x {w.per_device} '
+      f'simulated; global batch {self.config.batch_size}, {self.per_worker} per worker'
+    )
+
+
+def load_dataset(cfg: ml_collections.ConfigDict) -> data.Dataset:
+  """The dataset a config names: a tfds name, or 'synthetic' with the shapes it gives."""
+  if cfg.name == 'synthetic':
+    return data.synthetic(
+      image_shape=tuple(int(d) for d in str(cfg.image_shape).split(',')),
+      num_classes=cfg.num_classes,
+      train_size=cfg.train_size,
+      test_size=cfg.test_size,
+    )
+  return data.load(
+    cfg.name,
+    data_dir=cfg.data_dir or None,
+    download=cfg.download,
+    train_split=cfg.train_split,
+    test_split=cfg.test_split,
+  )
+
+
+def names(text: str) -> list[str]:
+  """The items of a comma-separated config string."""
+  return [t.strip() for t in text.split(',') if t.strip()]
+
+
+def _check_counts(config) -> None:
+  for key in (
+    'steps',
+    'batch_size',
+    'workers',
+    'eval_every',
+    'checkpoint_every',
+    'keep_checkpoints',
+  ):
+    if config[key] < 1:
+      raise ValueError(f'{key} must be >= 1, got {config[key]}')
+  if config.batch_size % config.workers:
+    raise ValueError(
+      f'batch_size {config.batch_size} (global) is not divisible by workers {config.workers}; '
+      f'use a multiple of {config.workers}, e.g. --config.batch_size='
+      f'{max(1, round(config.batch_size / config.workers)) * config.workers}'
+    )
+
+
+def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
+  """Checks `config` and `workdir` and builds the run; raises `ConfigError`.
+
+  Nothing in `workdir` is created or changed here.
+  """
+  try:
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+      raise ValueError(f'workdir {workdir} exists and is not a directory; pass a directory path')
+    _check_counts(config)
+    if config.model.name not in models.MODELS:  # before the (slower) data loading
+      models.get(config.model.name, num_classes=1)
+    workers = runtime.layout(config.workers, devices=config.devices or None)
+    tx, schedule = build_chain(config, workers)
+    if config.network.algorithm not in netmodel.ALGORITHMS:
+      raise ValueError(
+        f'network.algorithm must be one of {netmodel.ALGORITHMS}, got {config.network.algorithm!r}'
+      )
+    networks = {name: netmodel.resolve(name) for name in names(config.network.profiles)}
+    ds = load_dataset(config.dataset)
+    data.batch_indices(
+      0, seed=config.seed, num_examples=len(ds.train), batch_size=config.batch_size
+    )
+    model = models.get(config.model.name, num_classes=ds.num_classes)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+  return Experiment(config, workdir, ds, model, tx, schedule, workers, networks)

@@ -1,0 +1,121 @@
+"""What each step sent and what it would cost: the communication ledger, and the run's summary.
+
+The optimizer state holds a `comm.Transfer` for every collective the chain
+may issue; the train step reports how many times each ran. The ledger turns
+those counts into bytes per worker and into the modelled time of the step
+on each network profile (α-β cost; transfers that overlap the next step's
+compute are charged only beyond it). `summarize` reduces the per-step
+records of a run to one row.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jaxdist import comm, netmodel
+
+
+class Ledger:
+  """Prices the transfers of each step.
+
+  Args:
+    transfers: every `Transfer` of the optimizer state, in tree order.
+    num_workers: N, the workers taking part in each collective.
+    networks: profile name -> network (or schedule) to price against.
+    algorithm: the all-reduce algorithm ('ring', 'tree', 'ps').
+    compute_s: one worker's step without communication (the compute term).
+  """
+
+  def __init__(
+    self,
+    transfers: Sequence[comm.Transfer],
+    num_workers: int,
+    networks: Mapping[str, netmodel.Network | netmodel.Schedule],
+    algorithm: str,
+    compute_s: float,
+  ):
+    self.transfers = list(transfers)
+    self.n = num_workers
+    self.networks = dict(networks)
+    self.algorithm = algorithm
+    self.compute_s = compute_s
+    # a step "synchronised" if its largest collective ran (not, say, SelSync's 4-byte flags)
+    sizes = [t.nbytes for t in self.transfers]
+    self._biggest = sizes.index(max(sizes)) if sizes else None
+
+  def record(self, step: int, counts: Sequence[int]) -> dict[str, Any]:
+    """The ledger's fields of step `step` (1-based) whose collectives ran `counts` times in all."""
+    n = self.n
+    per_worker = [c / n for c in counts]  # every worker takes part in every collective
+    pairs = list(zip(self.transfers, counts, strict=True))
+    out: dict[str, Any] = {
+      'payload_bytes': comm.total_bytes(self.transfers, counts) / n,
+      'sent_bytes': sum(netmodel.sent_bytes(t, n) * c for t, c in pairs) / n,
+      'synced': int(self._biggest is not None and counts[self._biggest] > 0),
+    }
+    for name, net in self.networks.items():
+      net = netmodel.network_at(net, step - 1)
+      price = lambda overlap, net=net: netmodel.comm_time(
+        self.transfers, n, net, self.algorithm, per_worker, overlap=overlap
+      )
+      blocking, hidden = price(False), price(True)
+      out[f'comm_s@{name}'] = blocking
+      if hidden:
+        out[f'overlap_s@{name}'] = hidden
+      out[f'modelled_s@{name}'] = netmodel.step_time(self.compute_s, blocking, hidden)
+    return out
+
+
+def modelled_clock(
+  records: Sequence[Mapping[str, Any]], network: str, compute_s: float
+) -> list[tuple[int, float]]:
+  """(step, seconds) of the modelled clock, summing `netmodel.step_time` over the records.
+
+  `compute_s` is one worker's measured step without communication
+  (`trainer.measure_worker_step`); communication is what the ledger priced
+  for each step on `network`.
+  """
+  clock, out = 0.0, []
+  for r in records:
+    blocking, hidden = r.get(f'comm_s@{network}', 0.0), r.get(f'overlap_s@{network}', 0.0)
+    clock += netmodel.step_time(compute_s, blocking, hidden)
+    out.append((r['step'], clock))
+  return out
+
+
+def time_to_accuracy(
+  records: Sequence[Mapping[str, Any]], target: float, network: str, compute_s: float
+) -> tuple[int, float] | None:
+  """(step, modelled seconds) of the first evaluation reaching `target`, or None."""
+  clock = dict(modelled_clock(records, network, compute_s))
+  for r in records:
+    if r.get('test_accuracy') is not None and r['test_accuracy'] >= target:
+      return r['step'], clock[r['step']]
+  return None
+
+
+def median_step_s(records: Sequence[Mapping[str, Any]]) -> float | None:
+  """Median measured step time: robust to the compile step and eval/checkpoint spikes."""
+  times = [r['step_s'] for r in records if r.get('step_s')]
+  return statistics.median(times) if times else None
+
+
+def summarize(
+  records: Sequence[Mapping[str, Any]], networks: Sequence[str], compute_s: float
+) -> dict[str, Any]:
+  """Per-run figures from the per-step records: bytes, sync fraction, step and modelled times."""
+  mean = lambda key: sum(r[key] for r in records) / len(records) if records else None
+  out = {
+    'payload_bytes_per_step': mean('payload_bytes'),
+    'sent_bytes_per_step': mean('sent_bytes'),
+    'sent_bytes_per_worker': sum(r['sent_bytes'] for r in records) if records else None,
+    'sync_fraction': mean('synced'),
+    'median_step_s': median_step_s(records),
+    'worker_step_s': compute_s,
+  }
+  for name in networks:
+    clock = modelled_clock(records, name, compute_s)
+    out[f'modelled_s@{name}'] = clock[-1][1] if clock else None
+  return out
