@@ -40,7 +40,7 @@ import jax
 
 jax.config.update('jax_num_cpu_devices', 8)  # 8 CPU devices, before JAX starts
 
-import matplotlib.pyplot as plt
+# %matplotlib inline
 import optax
 
 import jaxdist as jd
@@ -67,14 +67,14 @@ config = jd.train.load_config('../configs/digits.py:runlocal', **{'progress': Fa
 workdir = os.path.abspath('workdir/quickstart')
 summary = jd.train.train_and_evaluate(config, workdir)
 
+# %% [markdown]
+# Every option has a default in `jaxdist/train/config.py`; each method's section
+# holds the arguments of its `jd.sync` factory, so switching to local SGD every
+# 8 steps is `config.sync.method = 'local_sgd'` and
+# `config.sync.local_sgd.period = 8` (on the command line:
+# `--config.sync.local_sgd.period=8`). The run's curves:
+
 # %%
 records = jd.train.metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
-evals = [r for r in records if 'test_accuracy' in r]
-fig, ax = plt.subplots(figsize=(5, 3))
-ax.plot([r['step'] for r in records], [r['loss'] for r in records], label='train loss')
-ax.plot(
-  [r['step'] for r in evals], [r['test_accuracy'] for r in evals], 'o-', label='test accuracy'
-)
-ax.set_xlabel('step')
-ax.legend()
 print(f'test accuracy {summary["test_accuracy"]:.3f} after {summary["steps"]} steps')
+jd.train.report.plot_curves(records, title='CNN on digits, 8 workers, all-reduce')

@@ -123,9 +123,13 @@ def tree_digest(path) -> str:
     (['--config.batch_size=100'], 'batch_size 100 (global) is not divisible by workers 8'),
     (['--config.dataset.name=mnist'], "tfds dataset 'mnist' is not prepared"),
     (['--config.sync.method=gossipy'], "unknown sync.method 'gossipy'"),
+    (
+      ['--config.sync.method=selsync', '--config.sync.selsync.alpha=1.5'],
+      'config.sync.selsync: alpha must be in [0, 1), got 1.5',
+    ),
     (['--config.model.name=mlp'], 'cannot resume from the checkpoint at step 20'),
   ],
-  ids=['model', 'dataset', 'batch', 'unprepared', 'sync', 'mismatched-resume'],
+  ids=['model', 'dataset', 'batch', 'unprepared', 'sync', 'section-key', 'mismatched-resume'],
 )
 def test_bad_input_fails_clearly_and_keeps_the_checkpoint(
   finished_run, data_dir, overrides, message
@@ -182,12 +186,19 @@ def test_compare_binary_trains_variants_into_one_table(tmp_path, data_dir):
   assert not (tmp_path / 'bad').exists()
 
 
-@pytest.mark.parametrize('method', ['diloco', 'selsync', 'gossip'])
-def test_cifar10_resnet20_runlocal_uses_synthetic_data(tmp_path, data_dir, method):
-  config = f'--config={os.path.join(REPO, "configs/cifar10_resnet20.py")}:runlocal'
+@pytest.mark.parametrize(
+  'method, option',
+  [
+    ('diloco', 'diloco.period=2'),
+    ('selsync', 'selsync.window=2'),
+    ('gossip', 'gossip.topology=exponential'),
+  ],
+)
+def test_cifar10_resnet20_runlocal_uses_synthetic_data(tmp_path, data_dir, method, option):
+  config = f'--config={os.path.join(REPO, "configs/cifar10_resnet20.py")}:runlocal,workers=4'
   proc = subprocess.run(
     binary_cmd(
-      config, f'--workdir={tmp_path}', f'--config.sync.method={method}', '--config.sync.period=2'
+      config, f'--workdir={tmp_path}', f'--config.sync.method={method}', f'--config.sync.{option}'
     ),
     env=binary_env(data_dir),
     capture_output=True,
@@ -197,4 +208,4 @@ def test_cifar10_resnet20_runlocal_uses_synthetic_data(tmp_path, data_dir, metho
   assert proc.returncode == 0, proc.stderr[-3000:]
   summary = json.loads((tmp_path / 'summary.json').read_text())
   assert summary['model'] == 'resnet20' and summary['dataset'] == 'synthetic'
-  assert summary['steps'] == 6 and 0 < summary['sync_fraction'] <= 1
+  assert summary['steps'] == 6 and summary['workers'] == 4 and 0 < summary['sync_fraction'] <= 1

@@ -45,4 +45,9 @@ def test_notebook_runs(path, tmp_path, data_dir, monkeypatch):
     o.get('text', '') for c in notebook.cells if c.cell_type == 'code' for o in c.outputs
   )
   assert 'test accuracy' in text
+  images = [
+    o for c in notebook.cells if c.cell_type == 'code' for o in c.outputs
+    if 'image/png' in o.get('data', {})
+  ]  # fmt: skip
+  assert images, f'{os.path.basename(path)} shows no plot (no image/png output)'
   assert (workdir / 'workdir' / 'quickstart' / 'metrics.jsonl').exists()

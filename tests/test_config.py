@@ -1,0 +1,134 @@
+"""Config sections are the factories' arguments; every variant builds; errors name the key."""
+
+import dataclasses
+import inspect
+import os
+
+import pytest
+
+from jaxdist import compress, runtime, sync
+from jaxdist.train import config as config_lib
+from jaxdist.train import factory
+
+from conftest import REPO
+
+# Arguments the trainer supplies itself, per factory (not config keys).
+SUPPLIED = {'axis_name', 'num_workers', 'compressor'}
+FIRST_ARG_OPTIMIZER = {'optimizer', 'global_optimizer'}
+
+
+def arguments(fn) -> set[str]:
+  return set(inspect.signature(fn).parameters)
+
+
+def test_every_sync_section_key_is_an_argument_of_its_factory():
+  sections = config_lib.sync()
+  checked = 0
+  for name in [*config_lib.METHODS, *factory.COMPENSATIONS, 'local_clip']:
+    fn = getattr(sync, name)
+    keys = set(sections[name])
+    supplied = SUPPLIED | (FIRST_ARG_OPTIMIZER if config_lib.METHODS.get(name) == 'in' else set())
+    if name in factory.COMPENSATIONS:
+      supplied = supplied | {'delay'}  # gradient_delay's
+    extra = keys - arguments(fn)
+    assert not extra, f'config.sync.{name} has {sorted(extra)}, not arguments of sync.{name}'
+    missing = {
+      p.name
+      for p in inspect.signature(fn).parameters.values()
+      if p.default is inspect.Parameter.empty and p.name not in supplied
+    } - keys
+    assert not missing, f'config.sync.{name} lacks required arguments {sorted(missing)}'
+    checked += 1
+  assert checked == len(config_lib.METHODS) + 3
+
+
+def test_every_compressor_section_key_is_a_field_and_every_field_is_reachable():
+  sections = config_lib.compress()
+  names = [k for k in sections if k != 'name']
+  assert sorted(names) == sorted(n for n in compress.REGISTRY if n != 'powersgd')
+  for name in names:
+    cls = compress.REGISTRY[name]
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    keys = set(sections[name])
+    assert keys <= fields, f'config.compress.{name} has {sorted(keys - fields)}, not fields'
+    assert fields <= keys, f'{name} fields {sorted(fields - keys)} cannot be set from a config'
+
+
+def test_a_key_that_is_not_an_argument_is_refused_by_name():
+  with pytest.raises(ValueError, match=r"config.sync.selsync has \['ewma_alpha'\]"):
+    factory.call(sync.selsync, 'sync.selsync', {'threshold': 0.1, 'ewma_alpha': 0.1},
+                 optimizer=None, axis_name='data')  # fmt: skip
+
+
+def chain_of(**overrides):
+  config = config_lib.base()
+  for key, value in overrides.items():
+    node = config
+    *parents, leaf = key.split('__')
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return config
+
+
+@pytest.mark.parametrize(
+  'overrides, message',
+  [
+    (dict(sync__method='selsync', sync__selsync__alpha=1.5), r'config.sync.selsync: alpha must be'),
+    (dict(sync__method='local_sgd', sync__local_sgd__period=0), r'config.sync.local_sgd: period'),
+    (dict(sync__method='compressed_allreduce', compress__name='dgc', compress__dgc__ratio=1.5),
+     r'config.compress.dgc: ratio must be in \(0, 1\], got 1.5'),
+    (dict(sync__method='compressed_allreduce', compress__name='zip'), 'unknown compress.name'),
+    (dict(sync__method='diloco', sync__local_sgd__averager='x'), None),
+    (dict(sync__method='local_sgd', sync__local_sgd__averager='x'),
+     r"config.sync.local_sgd.averager must be .*got 'x'"),
+    (dict(sync__method='gossipy'), "unknown sync.method 'gossipy'"),
+    (dict(sync__method='bucketed_allreduce', sync__bucketed_allreduce__buckets=0),
+     r'config.sync.bucketed_allreduce.buckets \(bytes per bucket\) must be > 0'),
+    (dict(sync__compensation='spike_compensation'), 'applies to gradient_delay'),
+    (dict(optimizer__name='lion'), r"config.optimizer.name must be 'sgd', 'adam' or 'adamw'"),
+  ],
+)  # fmt: skip
+def test_bad_values_name_the_key_the_user_typed(overrides, message):
+  workers = runtime.layout(8)
+  config = chain_of(**overrides)
+  if message is None:  # another method's section is not read
+    factory.build_chain(config, workers)
+    return
+  with pytest.raises(ValueError, match=message):
+    factory.build_chain(config, workers)
+
+
+@pytest.mark.parametrize('variant', sorted(config_lib.variants()))
+def test_every_variant_builds_its_chain(variant):
+  from jaxdist.train import compare
+
+  config = compare.variant_config(config_lib.base(), variant)
+  tx, _ = factory.build_chain(config, runtime.layout(8))
+  assert callable(tx.update)
+
+
+def test_averager_sections_build_the_named_transform():
+  config = chain_of(sync__method='local_sgd', sync__local_sgd__averager='compressed_allreduce')
+  config.compress.name = 'randomk'
+  tx, _ = factory.build_chain(config, runtime.layout(8))
+  assert callable(tx.init)
+
+
+def test_config_arguments_after_the_colon():
+  config = factory.load_config(os.path.join(REPO, 'configs/digits.py') + ':runlocal,workers=16')
+  assert (config.workers, config.steps) == (16, 20)
+  config = factory.load_config(os.path.join(REPO, 'configs/cifar10_resnet20.py') + ':workers=4')
+  assert (config.workers, config.dataset.name) == (4, 'cifar10')
+  with pytest.raises(ValueError, match=r"unknown config argument 'worker'; this config takes"):
+    factory.load_config(os.path.join(REPO, 'configs/digits.py') + ':worker=4')
+  with pytest.raises(ValueError, match=r'workers takes a int, got .four.'):
+    factory.load_config(os.path.join(REPO, 'configs/digits.py') + ':workers=four')
+
+
+def test_both_configs_build_on_the_one_base():
+  base = config_lib.base()
+  for name in ('digits.py', 'cifar10_resnet20.py'):
+    config = factory.load_config(os.path.join(REPO, 'configs', name))
+    assert set(config.keys()) == set(base.keys()), name
+    assert config.sync == base.sync and config.compress == base.compress, name

@@ -1,0 +1,24 @@
+"""`import jaxdist` is light: the training stack loads only when used."""
+
+import json
+import subprocess
+import sys
+
+HEAVY = ('tensorflow_datasets', 'orbax', 'matplotlib', 'tensorboardX', 'flax')
+
+
+def loaded_after(code: str) -> set[str]:
+  script = f'{code}\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))'
+  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, check=True)
+  return {m.split('.')[0] for m in json.loads(out.stdout.splitlines()[-1])}
+
+
+def test_import_jaxdist_loads_no_training_stack():
+  modules = loaded_after('import jaxdist as jd; jd.sync.allreduce; jd.compress.topk')
+  assert 'jax' in modules and 'optax' in modules
+  assert not modules & set(HEAVY), f'import jaxdist loaded {sorted(modules & set(HEAVY))}'
+
+
+def test_training_stack_loads_on_first_use():
+  modules = loaded_after('import jaxdist as jd; jd.train')
+  assert {'orbax', 'tensorflow_datasets', 'matplotlib'} <= modules
