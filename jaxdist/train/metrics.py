@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -87,7 +88,7 @@ class MetricsWriter:
     self._file.write(json.dumps(record) + '\n')
     for key, value in record.items():
       if key != 'step' and isinstance(value, (int, float)):
-        self._tb.add_scalar(key, value, step)
+        self._tb.add_scalar(tensorboard_tag(key), value, step)
 
   def flush(self) -> None:
     """Makes every record written so far durable (before a checkpoint commits)."""
@@ -103,6 +104,11 @@ class MetricsWriter:
     self.flush()
     self._file.close()
     self._tb.close()
+
+
+def tensorboard_tag(key: str) -> str:
+  """A legal TensorBoard tag for a record key: 'comm_s@1gbps' -> 'comm_s/1gbps'."""
+  return re.sub(r'[^A-Za-z0-9_./-]', '_', key.replace('@', '/'))
 
 
 def _plain(value: Any) -> Any:
