@@ -141,6 +141,8 @@ def test_bad_input_fails_clearly_and_keeps_the_checkpoint(
   assert proc.returncode == 2, proc.stderr[-3000:]
   errors = [line for line in proc.stderr.splitlines() if line.startswith('error: ')]
   assert len(errors) == 1 and message in errors[0], proc.stderr[-3000:]
+  logged = [line for line in proc.stderr.splitlines() if message in line and line not in errors]
+  assert not logged, f'the error is also logged (absl prefix): {logged}'
   assert 'Traceback' not in proc.stderr
   assert tree_digest(workdir / 'checkpoints') == before
   assert (workdir / 'metrics.jsonl').read_text() == log_before

@@ -32,6 +32,5 @@ def run(fn: Callable[..., Any], *args: Any) -> Any:
   try:
     return fn(*args)
   except ConfigError as e:
-    logging.error('%s', e)
-    print(f'error: {e}', file=sys.stderr)
+    print(f'error: {e}', file=sys.stderr)  # plain text: no absl log prefix
     sys.exit(2)
