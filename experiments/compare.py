@@ -8,7 +8,11 @@ on each network profile; `compare.png` plots accuracy against modelled time.
   python experiments/compare.py --config=configs/digits.py --workdir=/tmp/cmp
   python experiments/compare.py --config=configs/digits.py --workdir=/tmp/cmp \
       --only=dense,topk1_ef,topk1_noef,qsgd8
+  python experiments/compare.py --config=configs/digits.py --workdir=/tmp/cmp \
+      --only=dense,topk1_ef --results=experiments/results/compression.md
 """
+
+import sys
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -16,6 +20,7 @@ from ml_collections import config_flags
 config_flags.DEFINE_config_file('config', None, 'Base config, e.g. configs/digits.py.')
 flags.DEFINE_string('workdir', None, 'Directory; each variant trains in a subdirectory.')
 flags.DEFINE_list('only', None, "Variants to train (default: the config's `compare`).")
+flags.DEFINE_string('results', None, 'Also write the markdown table here (e.g. for the README).')
 flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
 flags.mark_flags_as_required(['config', 'workdir'])
 FLAGS = flags.FLAGS
@@ -29,7 +34,8 @@ def main(argv):
   from jaxdist.train import compare
 
   names = FLAGS.only or [n.strip() for n in FLAGS.config.compare.split(',') if n.strip()]
-  cli.run(compare.run, FLAGS.config, FLAGS.workdir, names)
+  command = ' '.join(['python', *sys.argv])
+  cli.run(compare.run, FLAGS.config, FLAGS.workdir, names, FLAGS.results, command)
 
 
 if __name__ == '__main__':

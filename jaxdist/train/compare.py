@@ -36,9 +36,19 @@ def _update(node: ml_collections.ConfigDict, overrides: dict[str, Any], where: s
 
 
 def run(
-  base: ml_collections.ConfigDict, workdir: str, names: Sequence[str]
+  base: ml_collections.ConfigDict,
+  workdir: str,
+  names: Sequence[str],
+  results: str | None = None,
+  command: str = '',
 ) -> list[dict[str, Any]]:
-  """Trains each variant in workdir/<name> (resuming any that exist); returns the table rows."""
+  """Trains each variant in workdir/<name> (resuming any that exist); returns the table rows.
+
+  Writes `compare.md` (the table in markdown, with the command, machine and
+  date that produced it), `compare.json` and `compare.png` into `workdir`,
+  and the markdown also to `results` if given (the README's tables are
+  copies of such files: `experiments/readme_tables.py`).
+  """
   if not names:
     raise factory.ConfigError('no variants to compare')
   configs = {name: variant_config(base, name) for name in names}  # all checked before training
@@ -56,8 +66,10 @@ def run(
   text = report.table(rows, columns)
   note = 'modelled seconds = steps x one worker measured step + alpha-beta communication'
   print(f'\n{text}\n\n(times: {note})')
-  with open(os.path.join(workdir, TABLE_FILE), 'w') as f:
-    f.write(text + '\n')
+  markdown = report.provenance(command) + '\n\n' + report.markdown(rows, columns) + '\n'
+  for path in (os.path.join(workdir, TABLE_FILE), results):
+    if path:
+      metrics.write_atomic(path, markdown)
   with open(os.path.join(workdir, 'compare.json'), 'w') as f:
     json.dump(rows, f, indent=2)
   report.save(plot(runs, networks), os.path.join(workdir, PLOT_FILE))
@@ -69,6 +81,7 @@ COLUMNS = (
   ('variant', 'variant'),
   ('test_accuracy', 'test acc'),
   ('delta_pp', 'vs first (pp)'),
+  ('synced', 'synced'),
   ('payload', 'payload B/worker/step'),
   ('sent', 'sent B/worker/step'),
   ('worker_step_s', 'worker step s'),
@@ -87,6 +100,7 @@ def table_rows(runs: dict[str, tuple[dict, list]], networks: Sequence[str]) -> l
       'delta_pp': 100 * (summary['test_accuracy'] - target),
       'payload': summary['payload_bytes_per_step'],
       'sent': summary['sent_bytes_per_step'],
+      'synced': f'{summary["sync_fraction"]:.1%}' if summary['sync_fraction'] is not None else None,
       'worker_step_s': summary['worker_step_s'],
       'target': target,
     }

@@ -6,9 +6,13 @@ backend is chosen at import and a notebook displays the returned figure.
 
 from __future__ import annotations
 
+import datetime
+import os
+import platform
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import tqdm
 from matplotlib.figure import Figure
 
@@ -33,6 +37,20 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]])
   ]
   lines.insert(1, '  '.join('-' * w for w in widths))
   return '\n'.join(lines)
+
+
+def markdown(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
+  """A markdown table; `columns` are (key, heading) pairs."""
+  lines = ['| ' + ' | '.join(h for _, h in columns) + ' |', '|' + '---|' * len(columns)]
+  lines += ['| ' + ' | '.join(_fmt(r.get(k)) for k, _ in columns) + ' |' for r in rows]
+  return '\n'.join(lines)
+
+
+def provenance(command: str) -> str:
+  """One line saying which command, machine and date produced a table."""
+  machine = f'{platform.machine()} {os.cpu_count()} cores, {jax.devices()[0].device_kind}'
+  date = datetime.date.today().isoformat()
+  return f'Command: `{command}`; machine: {machine}; date: {date}.'
 
 
 def _fmt(v: Any) -> str:
