@@ -191,10 +191,11 @@ def build_chain(config, workers: runtime.Workers) -> tuple[optax.GradientTransfo
     raise ValueError(f'config.sync.compensation applies to gradient_delay, not {method!r}')
   if unknown := set(fixes) - set(COMPENSATIONS):
     raise ValueError(f'config.sync.compensation: unknown {sorted(unknown)}; use {COMPENSATIONS}')
-  if 'spike_compensation' in fixes:
-    # spike compensation carries the momentum: the rest is SGD without it
-    decay = config.optimizer.weight_decay
-    opt = optax.chain(optax.add_decayed_weights(decay), optax.scale_by_learning_rate(schedule))
+  if 'spike_compensation' in fixes:  # it carries the momentum: the optimizer keeps only its rate
+    if config.optimizer.name != 'sgd':
+      raise ValueError('config.sync.compensation: spike_compensation replaces SGD momentum; '
+                       f'it needs optimizer.name sgd, got {config.optimizer.name!r}')  # fmt: skip
+    opt = optax.scale_by_learning_rate(schedule)
   tx = sync_transform(config, workers, opt, schedule)
   place = config_lib.METHODS[method]
   if place == 'after':
@@ -210,8 +211,10 @@ def build_chain(config, workers: runtime.Workers) -> tuple[optax.GradientTransfo
   if method == 'gradient_delay':  # pipelined backprop: the delay is the pipeline's, not the net's
     delay = _delay(config.sync.gradient_delay.delay)
     parts.insert(-1, sync.allreduce(axis_name=workers.axis_name))
-    if 'spike_compensation' in fixes:
+    if 'spike_compensation' in fixes:  # weight decay enters the momentum, as in optax.sgd
       sc = config.sync.spike_compensation
+      if config.optimizer.weight_decay:
+        parts.append(optax.add_decayed_weights(config.optimizer.weight_decay))
       parts.append(call(sync.spike_compensation, 'sync.spike_compensation', sc, delay=delay))
   tx = optax.chain(*parts, opt)
   if 'linear_weight_prediction' in fixes:

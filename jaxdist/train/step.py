@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxdist import comm
 from jaxdist.runtime import DATA, SIM, Workers
+from jaxdist.sync.pipeline import PredictionState
 
 
 class TrainState(NamedTuple):
@@ -129,18 +130,33 @@ def make_train_step(
   )
 
 
+def trained_params(state: TrainState) -> optax.Params:
+  """The weights being trained: `state.params`, unless the chain hands the model others.
+
+  `linear_weight_prediction` gives the forward pass extrapolated weights ŵ
+  and keeps the true weights in its state; those are the ones to evaluate.
+  """
+  found = [
+    s.weights
+    for s in jax.tree.leaves(state.opt_state, is_leaf=lambda x: isinstance(x, PredictionState))
+    if isinstance(s, PredictionState)
+  ]
+  return found[-1] if found else state.params
+
+
 def make_eval_step(model: nn.Module, workers: Workers) -> Callable[..., dict[str, jax.Array]]:
   """A jitted `(state, x_Nx..., y_N, mask_N) -> sums` on the worker-averaged model.
 
-  The model evaluated is the mean of the workers' parameters (and batch-norm
-  statistics): for synchronous methods every worker holds it already; for
-  local methods it is the consensus model. Returns masked sums of loss and
-  correct predictions, and the count, so chunks can be added up.
+  The model evaluated is the mean of the workers' trained parameters
+  (`trained_params`) and batch-norm statistics: for synchronous methods
+  every worker holds it already; for local methods it is the consensus
+  model. Returns masked sums of loss and correct predictions, and the
+  count, so chunks can be added up.
   """
 
   def evaluate(state: TrainState, x, y, mask):
     mean = lambda t: jax.tree.map(lambda a: jnp.mean(a, axis=0), t)
-    variables = {'params': mean(state.params), **mean(state.model_state)}
+    variables = {'params': mean(trained_params(state)), **mean(state.model_state)}
     logits = model.apply(variables, x, train=False)
     loss_vec = optax.softmax_cross_entropy_with_integer_labels(logits, y)
     correct = (jnp.argmax(logits, -1) == y) * mask

@@ -1,0 +1,88 @@
+"""The trainer's chains and steps: pipeline compensations, what is evaluated, the ledger."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxdist import comm, data, models, netmodel, runtime
+from jaxdist.train import config as config_lib
+from jaxdist.train import factory, ledger
+from jaxdist.train import step as step_lib
+
+STEPS = 6
+
+
+def delayed_config(delay: int, compensation: str, weight_decay: float = 0.01):
+  config = config_lib.base()
+  config.steps = 100
+  config.optimizer.update(
+    learning_rate=0.1, momentum=0.9, nesterov=False, weight_decay=weight_decay, schedule='constant'
+  )
+  config.sync.method = 'gradient_delay'
+  config.sync.gradient_delay.delay = str(delay)
+  config.sync.compensation = compensation
+  return config
+
+
+def train(config, digits, steps=STEPS):
+  workers = runtime.layout(8)
+  tx, _ = factory.build_chain(config, workers)
+  model = models.get('mlp', num_classes=10)
+  state = step_lib.make_init(model, tx, workers, digits.image_shape)(jax.random.key(0))
+  train_step = step_lib.make_train_step(model, tx, workers)
+  for t in range(steps):
+    idx = data.worker_indices(t, seed=1, num_examples=len(digits.train), workers=8, per_worker=4)
+    x = jax.device_put(digits.normalize(digits.train.images[idx]), workers.sharding)
+    y = jax.device_put(digits.train.labels[idx], workers.sharding)
+    state, _ = train_step(state, x, y)
+  return model, workers, state
+
+
+def test_spike_compensation_at_delay_0_is_momentum_sgd_with_the_same_weight_decay(digits):
+  # SC with D = 0 is plain momentum; weight decay must enter the momentum as in optax.sgd
+  _, _, plain = train(delayed_config(0, ''), digits)
+  _, _, sc = train(delayed_config(0, 'spike_compensation'), digits)
+  for a, b in zip(jax.tree.leaves(plain.params), jax.tree.leaves(sc.params), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_spike_compensation_needs_sgd():
+  config = delayed_config(2, 'spike_compensation')
+  config.optimizer.name = 'adam'
+  with pytest.raises(ValueError, match='spike_compensation replaces SGD momentum'):
+    factory.build_chain(config, runtime.layout(8))
+
+
+def test_linear_weight_prediction_evaluates_the_true_weights(digits):
+  model, workers, state = train(delayed_config(2, 'linear_weight_prediction'), digits)
+  true = step_lib.trained_params(state)
+  gap = max(
+    float(np.max(np.abs(a - b)))
+    for a, b in zip(jax.tree.leaves(true), jax.tree.leaves(state.params), strict=True)
+  )
+  assert gap > 1e-4  # the model's forward weights are the prediction, not the true weights
+  x = jax.device_put(digits.normalize(digits.test.images[:64]), workers.replicated)
+  y = jax.device_put(digits.test.labels[:64], workers.replicated)
+  mask = jax.device_put(np.ones(64, np.float32), workers.replicated)
+  evaluate = step_lib.make_eval_step(model, workers)
+  got = jax.device_get(evaluate(state, x, y, mask))
+  want = jax.device_get(evaluate(state._replace(params=true, opt_state=()), x, y, mask))
+  assert got['loss'] == want['loss'] and got['correct'] == want['correct']
+
+
+def test_ledger_prices_each_step_by_hand():
+  # one 1 MB all-reduce that ran on 8 workers, and one overlapped 1 MB all-gather that did not
+  t_ar = comm.transfer(comm.ALL_REDUCE, 1_000_000, 0)
+  t_ag = comm.overlapped(comm.transfer(comm.ALL_GATHER, 1_000_000, 0))
+  net = netmodel.gbps(8, 1e-3)  # 1 GB/s, 1 ms
+  book = ledger.Ledger([t_ar, t_ag], 8, {'net': net}, 'ring', compute_s=0.002)
+  r = book.record(1, [8, 0])
+  assert r['payload_bytes'] == 1_000_000 and r['synced'] == 1
+  assert r['sent_bytes'] == pytest.approx(2 * 7 / 8 * 1_000_000)
+  ring = 2 * 7 * 1e-3 + 2 * 7 / 8 * 1_000_000 / 1e9  # 2(N-1)α + 2(N-1)/N·M/B
+  assert r['comm_s@net'] == pytest.approx(ring) and 'overlap_s@net' not in r
+  assert r['modelled_s@net'] == pytest.approx(0.002 + ring)
+  r = book.record(2, [0, 8])  # only the overlapped all-gather: hidden up to the compute
+  gather = 3 * 1e-3 + 7 * 1_000_000 / 1e9  # α·log N + (N-1)·M/B
+  assert r['synced'] == 0 and r['comm_s@net'] == 0
+  assert r['modelled_s@net'] == pytest.approx(0.002 + max(0.0, gather - 0.002))
