@@ -1,4 +1,4 @@
-"""Delay-tolerant SGD, pipelined-backprop compensation, tick-tock and bucketing."""
+"""Delay-tolerant SGD, pipelined-backprop compensation, tick-tock, bucketing and its plans."""
 
 import collections
 
@@ -7,11 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_less_sync import AX, Run, W, assert_close, bsp, grads_at
+from test_less_sync import AX, W, assert_close, bsp, grads_at, make_run
 
 import jaxdist as jd
-from jaxdist import comm, runtime, sync
-from jaxdist.sync import bucketing
+from jaxdist import comm, netmodel, runtime, sync
 from jaxdist.train import step as step_lib
 
 SGDM = lambda: optax.sgd(0.1, momentum=0.9)
@@ -47,8 +46,8 @@ LOCAL = lambda: optax.sgd(0.05)
   ],
 )
 def test_delay_zero_is_the_synchronous_base(make):
-  want = Run(bsp()).steps(5)
-  assert_close(Run(make()).steps(5), want)
+  want = make_run(bsp()).steps(5, grads_at)
+  assert_close(make_run(make()).steps(5, grads_at), want)
 
 
 # --- pipelined backprop -------------------------------------------------------------------
@@ -122,7 +121,7 @@ def test_stage_delays_grow_towards_the_input():
 def test_od_sgd_steps_from_the_previous_global_model():
   """Plain SGD globally (lr 0.1) and locally (lr 0.05): after warm-up, a worker's model is
   w_global(t−1) − 0.05·g_own(t), while w_global(t) = w_global(t−1) − 0.1·mean g(t)."""
-  run = Run(sync.od_sgd(optax.sgd(0.1), optax.sgd(0.05), axis_name=AX, warmup_steps=1))
+  run = make_run(sync.od_sgd(optax.sgd(0.1), optax.sgd(0.05), axis_name=AX, warmup_steps=1))
   run(grads_at(0))  # warm-up: synchronous
   w_prev = jax.tree.map(lambda x: np.asarray(x[0]), run.state.global_params)
   g = grads_at(1)
@@ -135,7 +134,7 @@ def test_od_sgd_steps_from_the_previous_global_model():
 
 
 def test_ssd_sgd_takes_the_global_model_every_k_steps():
-  run = Run(sync.ssd_sgd(SGDM(), LOCAL(), 3, axis_name=AX, warmup_steps=0))
+  run = make_run(sync.ssd_sgd(SGDM(), LOCAL(), 3, axis_name=AX, warmup_steps=0))
   for t in range(6):
     out = run(grads_at(t))
     taken = (t + 1) % 3 == 0
@@ -144,8 +143,8 @@ def test_ssd_sgd_takes_the_global_model_every_k_steps():
 
 
 def test_cd_sgd_sends_2bit_codes_and_a_dense_correction_every_k():
-  run = Run(sync.cd_sgd(SGDM(), LOCAL(), 3, axis_name=AX, warmup_steps=1, threshold=0.5))
-  run.steps(7)
+  run = make_run(sync.cd_sgd(SGDM(), LOCAL(), 3, axis_name=AX, warmup_steps=1, threshold=0.5))
+  run.steps(7, grads_at)
   transfers = comm.find_transfers(run.state)
   kinds = [t.kind for t in transfers]
   assert kinds.count('all-gather') == 1 and kinds.count('all-reduce') == 2
@@ -164,7 +163,7 @@ def test_cd_sgd_sends_2bit_codes_and_a_dense_correction_every_k():
     ['all-gather'],
     ['all-reduce'],
   ]
-  text = run.compiled_text()
+  text = run.hlo(grads_at(0))
   found = comm.hlo.collectives(text)
   branches = comm.hlo.conditional_branches(text)
   assert {d for c in found for d in c.dtypes} == {'u8', 'f32'}
@@ -181,7 +180,7 @@ def test_tick_tock_alternates_stale_updates_by_hand():
   Step 1 (both waves computed at w0 = 0): w1 = 0 − 1 = −1 (tick), w2 = −1 − 10 = −11 (tock);
   the tick worker's next forward is at w1, the tock worker's at w2. Step 2: w3 = −12, w4 = −22.
   """
-  run = Run(
+  run = make_run(
     sync.tick_tock(optax.sgd(1.0), axis_name=AX), devices=1, params={'x': jnp.zeros(())}, workers=2
   )
   g = {'x': jnp.array([1.0, 10.0])}
@@ -233,8 +232,8 @@ def test_bucketed_allreduce_changes_no_numbers_only_the_collectives():
     for k, s in shapes.items()
   }
   buckets = [[3, 2], [1], [0]]  # leaves in tree order: a, b, c, d
-  want = Run(bsp(), params=params)
-  got = Run(optax.chain(sync.bucketed_allreduce(buckets, axis_name=AX), SGDM()), params=params)
+  want = make_run(bsp(), params=params)
+  got = make_run(optax.chain(sync.bucketed_allreduce(buckets, axis_name=AX), SGDM()), params=params)
   g = jax.tree.map(
     lambda p: jnp.asarray(
       np.random.default_rng(1).standard_normal((W, *p.shape)).astype(np.float32)
@@ -245,9 +244,7 @@ def test_bucketed_allreduce_changes_no_numbers_only_the_collectives():
     want(g)
     got(g)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), got.params, want.params)
-  lowered = lambda run: comm.hlo.collectives(
-    run.step.lower(*run.args(g)).compiler_ir('hlo').as_hlo_text()
-  )
+  lowered = lambda run: comm.hlo.collectives(run.hlo(g, compiled=False))
   # unbucketed, jax lowers the tree's psum as one all-reduce per tensor; bucketed, one per bucket
   assert sorted(c.nbytes for c in lowered(want)) == sorted([4 * 24, 4 * 4, 4 * 12, 4 * 3])
   assert sorted(c.nbytes for c in lowered(got)) == sorted([4 * (3 + 12), 4 * 4, 4 * 24])
@@ -255,8 +252,9 @@ def test_bucketed_allreduce_changes_no_numbers_only_the_collectives():
 
 def test_bucketed_compression_compresses_each_bucket():
   params = {'a': jnp.zeros((40, 10)), 'b': jnp.zeros((10,))}
-  tx = sync.bucketed_allreduce([[1], [0]], axis_name=AX, compressor=jd.compress.topk(ratio=0.1))
-  run = Run(tx, params=params)
+  averager = sync.compressed_allreduce(jd.compress.topk(ratio=0.1), axis_name=AX)
+  tx = sync.bucketed_allreduce([[1], [0]], axis_name=AX, averager=averager)
+  run = make_run(tx, params=params)
   g = jax.tree.map(
     lambda p: jnp.asarray(
       np.random.default_rng(2).standard_normal((W, *p.shape)).astype(np.float32)
@@ -269,9 +267,9 @@ def test_bucketed_compression_compresses_each_bucket():
 
 
 def test_threshold_buckets_fill_in_backward_order():
-  assert bucketing.threshold_buckets([10, 20, 30, 40], 45) == [[3, 2], [1, 0]]
-  assert bucketing.threshold_buckets([10, 20, 30, 40], 1000) == [[3, 2, 1, 0]]
-  assert bucketing.threshold_buckets([10, 20, 30, 40], 1) == [[3], [2], [1], [0]]
+  assert netmodel.threshold_buckets([10, 20, 30, 40], 45) == [[3, 2], [1, 0]]
+  assert netmodel.threshold_buckets([10, 20, 30, 40], 1000) == [[3, 2, 1, 0]]
+  assert netmodel.threshold_buckets([10, 20, 30, 40], 1) == [[3], [2], [1], [0]]
 
 
 def test_mgwfbp_merges_what_cannot_start_earlier_and_timeline_by_hand():
@@ -283,15 +281,15 @@ def test_mgwfbp_merges_what_cannot_start_earlier_and_timeline_by_hand():
   less than α: MG-WFBP merges.
   """
   sizes, times = [10, 10, 10, 10], [1.0, 1.0, 1.0, 1.0]
-  assert bucketing.mgwfbp_buckets(sizes, times, 0.5, 0.01) == [[3], [2], [1], [0]]
-  per_layer = bucketing.per_layer_buckets(range(4))
-  assert bucketing.timeline(per_layer, sizes, times, 0.5, 0.01) == pytest.approx(4.6)
-  assert bucketing.timeline(per_layer, sizes, times, 0.5, 0.01, overlap=False) == pytest.approx(
+  assert netmodel.mgwfbp_buckets(sizes, times, 0.5, 0.01) == [[3], [2], [1], [0]]
+  per_layer = netmodel.per_layer_buckets(range(4))
+  assert netmodel.timeline(per_layer, sizes, times, 0.5, 0.01) == pytest.approx(4.6)
+  assert netmodel.timeline(per_layer, sizes, times, 0.5, 0.01, overlap=False) == pytest.approx(
     4 + 4 * 0.6
   )
-  merged = bucketing.mgwfbp_buckets(sizes, times, 2.0, 0.01)
+  merged = netmodel.mgwfbp_buckets(sizes, times, 2.0, 0.01)
   assert len(merged) < 4
-  assert bucketing.timeline(merged, sizes, times, 2.0, 0.01) < bucketing.timeline(
+  assert netmodel.timeline(merged, sizes, times, 2.0, 0.01) < netmodel.timeline(
     per_layer, sizes, times, 2.0, 0.01
   )
 
@@ -302,9 +300,9 @@ def test_forward_order_and_flops_of_the_cnn():
   fn = lambda p, x: model.apply({'params': p}, x)
   x = jnp.zeros((4, 8, 8, 1))
   paths = [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-  order = [paths[i] for i in bucketing.forward_order(fn, params, x)]
+  order = [paths[i] for i in netmodel.forward_order(fn, params, x)]
   assert order[0] == "['Conv_0']['kernel']" and order[-1] == "['Dense_1']['bias']"
-  flops = dict(zip(paths, bucketing.layer_flops(fn, params, x), strict=True))
+  flops = dict(zip(paths, netmodel.layer_flops(fn, params, x), strict=True))
   # conv 3x3, 1 -> 32 channels, 8x8 output, batch 4: 2 * (4*8*8*32) * (3*3*1)
   assert flops["['Conv_0']['kernel']"] == 2 * (4 * 8 * 8 * 32) * 9
   assert flops["['Dense_1']['kernel']"] == 2 * (4 * 10) * 128
@@ -328,8 +326,8 @@ def test_forward_order_and_flops_of_the_cnn():
     (lambda: sync.gradient_delay({'a': 1, 'b': -3}), 'delay must be >= 0, got -3'),
     (lambda: sync.gradient_delay('layers'), "delay must be an int, a pytree of ints or 'stages'"),
     (lambda: sync.tick_tock(SGDM(), axis_name=AX, waves=0), 'waves must be >= 1'),
-    (lambda: bucketing.threshold_buckets([1, 2], 0), 'bucket_bytes must be > 0, got 0'),
-    (lambda: bucketing.threshold_buckets([1, 2], -8), 'bucket_bytes must be > 0, got -8'),
+    (lambda: netmodel.threshold_buckets([1, 2], 0), 'bucket_bytes must be > 0, got 0'),
+    (lambda: netmodel.threshold_buckets([1, 2], -8), 'bucket_bytes must be > 0, got -8'),
     (lambda: sync.bucketed_allreduce([[0], [0, 1]], axis_name=AX), 'exactly once each'),
     (lambda: sync.bucketed_allreduce([], axis_name=AX), 'non-empty'),
   ],
@@ -340,10 +338,8 @@ def test_bad_arguments_fail_at_construction(make, message):
 
 
 def test_counts_of_each_kind_match_the_lowered_hlo():
-  run = Run(sync.od_sgd(SGDM(), LOCAL(), axis_name=AX, warmup_steps=0))
-  found = comm.hlo.collectives(
-    run.step.lower(*run.args(grads_at(0))).compiler_ir('hlo').as_hlo_text()
-  )
+  run = make_run(sync.od_sgd(SGDM(), LOCAL(), axis_name=AX, warmup_steps=0))
+  found = comm.hlo.collectives(run.hlo(grads_at(0), compiled=False))
   run(grads_at(0))
   reported, lowered = collections.Counter(), collections.Counter()
   for t in comm.find_transfers(run.state):
@@ -359,7 +355,7 @@ def test_cd_sgd_dense_correction_keeps_or_flushes_the_residual(flush):
   tx = sync.cd_sgd(
     SGDM(), LOCAL(), 2, axis_name=AX, warmup_steps=0, threshold=0.5, flush_residual=flush
   )
-  run = Run(tx)
+  run = make_run(tx)
   run(grads_at(0))  # count 0: dense
   run(grads_at(1))  # count 1: 2-bit, leaves a residual
   (held,) = run.state.exchange[0].residual

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxdist import comm, runtime, sync
+from jaxdist import comm, runtime, sync, testing
 from jaxdist import compress as C
 
 W = 8
@@ -29,38 +29,9 @@ def grads_at(step, same=False):
   }
 
 
-class Run:
-  """Applies a transform's updates to every worker's parameters, step by step."""
-
-  def __init__(self, tx, devices=8, params=None, workers=W):
-    self.workers = runtime.layout(workers, devices=devices)
-    self.tx = tx
-    p0 = start() if params is None else params
-    self.params = jax.tree.map(lambda x: jnp.broadcast_to(x, (workers, *x.shape)), p0)
-    self.state = jax.vmap(tx.init)(self.params)
-
-    def step(g, s, p):
-      u, s = tx.update(g, s, p)
-      return optax.apply_updates(p, u), s
-
-    self.step = jax.jit(self.workers.map(step, in_axes=(0, 0, 0)))
-    self.history = []
-
-  def args(self, grads):
-    return [jax.device_put(t, self.workers.sharding) for t in (grads, self.state, self.params)]
-
-  def __call__(self, grads):
-    self.params, self.state = self.step(*self.args(grads))
-    self.history.append([int(t.count[0]) for t in comm.find_transfers(self.state)])
-    return self.params
-
-  def steps(self, n, same=False):
-    for t in range(n):
-      self(grads_at(t, same))
-    return self.params
-
-  def compiled_text(self):
-    return self.step.lower(*self.args(grads_at(0))).compile().as_text()
+def make_run(tx, devices=8, params=None, workers=W):
+  """`testing.Run` from `start()` on 8 devices (one worker each) unless told otherwise."""
+  return testing.Run(tx, start() if params is None else params, workers=workers, devices=devices)
 
 
 def assert_close(a, b, atol=1e-5):
@@ -79,63 +50,78 @@ LAYOUTS = pytest.mark.parametrize('devices', [8, 2], ids=['8-devices', '2x4-simu
 
 @LAYOUTS
 def test_local_sgd_period_1_is_bsp(devices):
-  want = Run(bsp(), devices).steps(5)
-  got = Run(
+  want = make_run(bsp(), devices).steps(5, grads_at)
+  got = make_run(
     optax.chain(optax.sgd(0.1, momentum=0.9), sync.local_sgd(1, axis_name=AX)), devices
-  ).steps(5)
+  ).steps(5, grads_at)
   assert_close(got, want)
 
 
 def test_post_local_sgd_is_bsp_during_warmup_then_local():
   tx = optax.chain(optax.sgd(0.1), sync.local_sgd(4, axis_name=AX, warmup_steps=3))
-  run = Run(tx)
-  want = Run(bsp(momentum=0.0)).steps(3)
-  assert_close(run.steps(3), want)
-  run.steps(6)
+  run = make_run(tx)
+  want = make_run(bsp(momentum=0.0)).steps(3, grads_at)
+  assert_close(run.steps(3, grads_at), want)
+  run.steps(6, grads_at)
   assert [h[0] for h in run.history] == [1, 1, 1, 1, 0, 0, 0, 1, 0]  # warm-up, then every 4th
 
 
 @LAYOUTS
 def test_diloco_outer_sgd_lr1_period1_is_bsp(devices):
-  want = Run(bsp(momentum=0.0), devices).steps(5)
+  want = make_run(bsp(momentum=0.0), devices).steps(5, grads_at)
   tx = optax.chain(optax.sgd(0.1), sync.diloco(optax.sgd(1.0), 1, axis_name=AX))
-  assert_close(Run(tx, devices).steps(5), want)
+  assert_close(make_run(tx, devices).steps(5, grads_at), want)
 
 
 @LAYOUTS
 def test_selsync_threshold_0_averages_every_step(devices):
-  want = Run(
+  want = make_run(
     optax.chain(optax.sgd(0.1, momentum=0.9), sync.local_sgd(1, axis_name=AX)), devices
-  ).steps(5)
-  run = Run(sync.selsync(optax.sgd(0.1, momentum=0.9), 0.0, axis_name=AX, window=1), devices)
-  assert_close(run.steps(5), want)
+  ).steps(5, grads_at)
+  run = make_run(sync.selsync(optax.sgd(0.1, momentum=0.9), 0.0, axis_name=AX, window=1), devices)
+  assert_close(run.steps(5, grads_at), want)
   assert int(run.state.synced[0]) == 5
 
 
 @pytest.mark.parametrize(
   'make',
   [
-    lambda: sync.delayed(0, axis_name=AX),
+    lambda: sync.stale_sync(0, axis_name=AX, delays='fixed'),
     lambda: sync.ssp(0, axis_name=AX),
     lambda: sync.async_sgd(0, axis_name=AX),
   ],
-  ids=['delayed', 'ssp', 'async'],
+  ids=['fixed', 'ssp', 'async'],
 )
 def test_delay_0_is_synchronous(make):
-  want = Run(bsp()).steps(5)
-  assert_close(Run(optax.chain(make(), optax.sgd(0.1, momentum=0.9))).steps(5), want)
+  want = make_run(bsp()).steps(5, grads_at)
+  assert_close(make_run(optax.chain(make(), optax.sgd(0.1, momentum=0.9))).steps(5, grads_at), want)
+
+
+@LAYOUTS
+@pytest.mark.parametrize('delay', [1, 3])
+def test_fixed_staleness_is_allreduce_then_gradient_delay_bitwise(devices, delay):
+  """What `sync.delayed(D)` was: `stale_sync(D, delays='fixed')`; it is exactly the chain."""
+  want = make_run(
+    optax.chain(sync.allreduce(axis_name=AX), sync.gradient_delay(delay), optax.sgd(0.1)), devices
+  ).steps(6, grads_at)
+  got = make_run(
+    optax.chain(sync.stale_sync(delay, axis_name=AX, delays='fixed'), optax.sgd(0.1)), devices
+  ).steps(6, grads_at)
+  jax.tree.map(np.testing.assert_array_equal, got, want)
 
 
 @LAYOUTS
 def test_gossip_on_the_complete_graph_is_exact_averaging(devices):
-  want = Run(optax.chain(optax.sgd(0.1), sync.local_sgd(1, axis_name=AX)), devices).steps(4)
+  want = make_run(optax.chain(optax.sgd(0.1), sync.local_sgd(1, axis_name=AX)), devices).steps(
+    4, grads_at
+  )
   tx = optax.chain(optax.sgd(0.1), sync.gossip('complete', axis_name=AX, num_workers=W))
-  assert_close(Run(tx, devices).steps(4), want)
+  assert_close(make_run(tx, devices).steps(4, grads_at), want)
 
 
 def test_sma_with_zero_correction_leaves_learners_independent():
-  run = Run(optax.chain(optax.sgd(0.1), sync.sma(0.0, axis_name=AX)))
-  got = run.steps(4)
+  run = make_run(optax.chain(optax.sgd(0.1), sync.sma(0.0, axis_name=AX)))
+  got = run.steps(4, grads_at)
   p0 = start()
   total = jax.tree.map(lambda *gs: sum(gs), *[grads_at(t) for t in range(4)])  # [W, ...]
   want = jax.tree.map(lambda p, g: p - 0.1 * g, p0, total)  # each learner on its own
@@ -155,7 +141,7 @@ def test_diloco_golden_trajectory_two_workers_constant_gradients():
   0.76, 1.084; the anchor 1 -> 0.8 -> 0.42 -> -0.122.
   """
   tx = optax.chain(optax.sgd(0.1), sync.diloco(optax.sgd(0.5, momentum=0.9), 2, axis_name=AX))
-  run = Run(tx, devices=2, params={'x': jnp.ones(())}, workers=2)
+  run = make_run(tx, devices=2, params={'x': jnp.ones(())}, workers=2)
   g = {'x': jnp.array([1.0, 3.0])}
   want = [(0.9, 0.7), (0.8, 0.8), (0.7, 0.5), (0.42, 0.42), (0.32, 0.12), (-0.122, -0.122)]
   for step, expected in enumerate(want):
@@ -176,7 +162,7 @@ def test_gossip_mixes_with_the_doubly_stochastic_matrix(topology, n, devices):
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((n, 5)).astype(np.float32))
   tx = sync.gossip(topology, axis_name=AX, num_workers=n)
-  run = Run(tx, devices=devices, params={'x': jnp.zeros(5)}, workers=n)
+  run = make_run(tx, devices=devices, params={'x': jnp.zeros(5)}, workers=n)
   run.params = {'x': x}
   got = run({'x': jnp.zeros((n, 5))})['x']  # zero local step: pure mixing
   np.testing.assert_allclose(got, matrix @ np.asarray(x), atol=1e-6)
@@ -185,7 +171,7 @@ def test_gossip_mixes_with_the_doubly_stochastic_matrix(topology, n, devices):
 
 
 def test_gossip_mixing_shrinks_disagreement_but_keeps_the_mean():
-  run = Run(sync.gossip('ring', axis_name=AX, num_workers=W), params={'x': jnp.zeros(3)})
+  run = make_run(sync.gossip('ring', axis_name=AX, num_workers=W), params={'x': jnp.zeros(3)})
   run.params = {
     'x': jnp.asarray(np.random.default_rng(1).standard_normal((W, 3)).astype(np.float32))
   }
@@ -200,7 +186,7 @@ def test_ssp_respects_the_staleness_bound_and_reads_its_own_writes():
   """With all gradients 1 and lr 1/N... every worker has applied its own T gradients
   and between T - s and T of each other worker's (Ho et al.'s SSP guarantee)."""
   s, steps = 2, 7
-  run = Run(
+  run = make_run(
     optax.chain(sync.ssp(s, axis_name=AX, seed=3), optax.sgd(1.0)), params={'x': jnp.zeros(())}
   )
   for _ in range(steps):
@@ -213,7 +199,7 @@ def test_ssp_respects_the_staleness_bound_and_reads_its_own_writes():
 
 def test_async_applies_the_same_arrivals_everywhere_within_the_bound():
   steps, bound = 9, 4
-  run = Run(
+  run = make_run(
     optax.chain(sync.async_sgd(bound, axis_name=AX, seed=1), optax.sgd(1.0)),
     params={'x': jnp.zeros(())},
   )
@@ -229,40 +215,46 @@ def test_async_applies_the_same_arrivals_everywhere_within_the_bound():
 
 @LAYOUTS
 def test_local_sgd_all_reduce_sits_in_a_conditional_branch(devices):
-  run = Run(optax.chain(optax.sgd(0.1), sync.local_sgd(4, axis_name=AX)), devices)
-  text = run.compiled_text()
+  run = make_run(optax.chain(optax.sgd(0.1), sync.local_sgd(4, axis_name=AX)), devices)
+  text = run.hlo(grads_at(0))
   found = comm.hlo.collectives(text)
   branches = comm.hlo.conditional_branches(text)
   assert found and all(c.kind == 'all-reduce' for c in found)
   assert all(c.computation in branches for c in found), (found, branches)
-  run.steps(8)
+  run.steps(8, grads_at)
   assert [h[0] for h in run.history] == [0, 0, 0, 1, 0, 0, 0, 1]
   assert comm.find_transfers(run.state)[0].nbytes == 4 * (24 + 4)
 
 
 def test_selsync_sends_flags_every_step_and_the_model_only_when_flagged():
   tx = sync.selsync(optax.sgd(0.05), 0.5, axis_name=AX, window=2)
-  run = Run(tx)
-  run.steps(6, same=True)  # identical, slowly varying gradients: few syncs
+  run = make_run(tx)
+  run.steps(6, lambda t: grads_at(t, same=True))  # identical, slowly varying gradients: few syncs
   flags, model = zip(*run.history, strict=True)
   assert all(f == 1 for f in flags)
   assert model[:2] == (1, 1) and sum(model) == int(run.state.synced[0])
-  text = run.compiled_text()
+  text = run.hlo(grads_at(0))
   branches = comm.hlo.conditional_branches(text)
   big = [c for c in comm.hlo.collectives(text) if c.nbytes > 4]
   assert big and all(c.computation in branches for c in big)
 
 
 def test_diloco_composes_with_a_compressed_pseudo_gradient():
-  dense = Run(optax.chain(optax.sgd(0.1), sync.diloco(period=2, axis_name=AX)))
-  packed = Run(
+  dense = make_run(optax.chain(optax.sgd(0.1), sync.diloco(period=2, axis_name=AX)))
+  packed = make_run(
     optax.chain(
       optax.sgd(0.1),
-      sync.diloco(period=2, axis_name=AX, compressor=C.topk(ratio=0.25), collective='allgather'),
+      sync.diloco(
+        period=2,
+        axis_name=AX,
+        averager=sync.compressed_allreduce(
+          C.topk(ratio=0.25), axis_name=AX, collective='allgather'
+        ),
+      ),
     )
   )
-  dense.steps(4)
-  packed.steps(4)
+  dense.steps(4, grads_at)
+  packed.steps(4, grads_at)
   dense_bytes = comm.find_transfers(dense.state)[0].nbytes
   sent = [t for t in comm.find_transfers(packed.state) if t.kind == 'all-gather']
   assert sent and sent[0].nbytes < dense_bytes / 1.5
@@ -272,9 +264,10 @@ def test_diloco_composes_with_a_compressed_pseudo_gradient():
 
 
 def test_local_sgd_with_compressed_sync_conserves_what_it_does_not_send():
-  tx = optax.chain(optax.sgd(0.1), sync.local_sgd(2, axis_name=AX, compressor=C.topk(ratio=0.2)))
-  run = Run(tx)
-  run.steps(2)
+  averager = sync.compressed_allreduce(C.topk(ratio=0.2), axis_name=AX)
+  tx = optax.chain(optax.sgd(0.1), sync.local_sgd(2, axis_name=AX, averager=averager))
+  run = make_run(tx)
+  run.steps(2, grads_at)
   residual = run.state[1].averager.residual[0]
   assert float(jnp.abs(residual).max()) > 0  # the unsent part waits for the next sync
 
@@ -317,7 +310,7 @@ def test_bad_arguments_fail_at_construction(make, message):
 def test_gossip_built_for_another_worker_count_fails_clearly():
   run_tx = sync.gossip('ring', axis_name=AX, num_workers=4)
   with pytest.raises(ValueError, match=r'gossip was built for 4 workers, but .* has 8'):
-    Run(run_tx).steps(1)
+    make_run(run_tx).steps(1, grads_at)
 
 
 def test_param_transforms_need_params():

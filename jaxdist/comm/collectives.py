@@ -58,26 +58,6 @@ class Transfer:
   op: str | None = dataclasses.field(default=None, metadata=dict(static=True))
   overlap: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
-  def sent_bytes(self, num_workers: int) -> float:
-    """Bytes one worker sends for one run, with a bandwidth-optimal algorithm.
-
-    Ring all-reduce sends 2(N-1)/N of the payload, ring all-gather (N-1) times
-    it, all-to-all (N-1)/N of it, a permute all of it. Other algorithms (tree,
-    parameter server) are the network model's business.
-    """
-    n = num_workers
-    if n <= 1:
-      return 0.0
-    if self.op == 'broadcast':
-      return (n - 1) / n * self.nbytes  # a pipelined broadcast sends each byte once
-    factor = {
-      ALL_REDUCE: 2 * (n - 1) / n,
-      ALL_GATHER: n - 1,
-      ALL_TO_ALL: (n - 1) / n,
-      PERMUTE: 1,
-    }[self.kind]
-    return factor * self.nbytes
-
 
 def transfer(
   kind: str, nbytes: int, ran: jax.typing.ArrayLike = 1, op: str | None = None

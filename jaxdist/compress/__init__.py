@@ -2,7 +2,9 @@
 
 c = jd.compress.topk(ratio=0.01)     # also mstopk, dgc, randomk, threshold,
                                      # qsgd, terngrad, sign, ef_sign, onebit,
-                                     # powersgd, cast, identity
+                                     # twobit, cast, identity
+
+`PowerSGD` (`powersgd`) holds the pure maths of `jaxdist.sync.powersgd`.
 """
 
 from __future__ import annotations
@@ -35,22 +37,18 @@ cast = Cast
 powersgd = PowerSGD
 twobit = TwoBit
 
-# name -> factory, for configs and flags
-REGISTRY = {
-  'identity': Identity,
-  'topk': TopK,
-  'mstopk': MSTopK,
-  'dgc': DGC,
-  'randomk': RandomK,
-  'threshold': Threshold,
-  'qsgd': QSGD,
-  'terngrad': TernGrad,
-  'sign': Sign,
-  'ef_sign': EFSign,
-  'onebit': OneBit,
-  'cast': Cast,
-  'powersgd': PowerSGD,
-  'twobit': TwoBit,
+
+
+def _subclasses(cls: type[Compressor]) -> list[type[Compressor]]:
+  return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
+# name -> class, for configs and flags: every public compressor of this package, by
+# its `name`; these are what `compressed_allreduce` takes. PowerSGD is not one: its
+# all-reduces sit inside its power iteration, so it is the transform
+# `jaxdist.sync.powersgd` (`PowerSGD` here is its pure maths).
+REGISTRY: dict[str, type[Compressor]] = {
+  c.name: c for c in _subclasses(Compressor) if not c.__name__.startswith('_')
 }
 
 

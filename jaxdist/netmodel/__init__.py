@@ -1,5 +1,19 @@
-"""α-β network cost model: what a step's communication would take on a real network."""
+"""α-β network cost model: what a step's communication would take on a real network.
 
+Also the bytes each worker sends (`sent_bytes`) and gradient-bucket planning
+(`threshold_buckets`, `mgwfbp_buckets`, `timeline`, from `buckets`).
+"""
+
+from jaxdist.netmodel.buckets import (
+  Buckets,
+  backward_times,
+  forward_order,
+  layer_flops,
+  mgwfbp_buckets,
+  per_layer_buckets,
+  threshold_buckets,
+  timeline,
+)
 from jaxdist.netmodel.calibrate import calibrate
 from jaxdist.netmodel.model import (
   ALGORITHMS,
@@ -19,6 +33,7 @@ from jaxdist.netmodel.model import (
   permute,
   profile,
   resolve,
+  sent_bytes,
   step_time,
   transfer_time,
 )
@@ -26,6 +41,7 @@ from jaxdist.netmodel.model import (
 __all__ = [
   'ALGORITHMS',
   'PROFILES',
+  'Buckets',
   'Network',
   'Schedule',
   'adopt_c1',
@@ -33,15 +49,23 @@ __all__ = [
   'allreduce',
   'alltoall',
   'artopk',
+  'backward_times',
   'broadcast',
   'calibrate',
   'comm_time',
+  'forward_order',
   'gbps',
   'gossip',
+  'layer_flops',
+  'mgwfbp_buckets',
   'network_at',
+  'per_layer_buckets',
   'permute',
   'profile',
   'resolve',
+  'sent_bytes',
   'step_time',
+  'threshold_buckets',
+  'timeline',
   'transfer_time',
 ]

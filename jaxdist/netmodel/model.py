@@ -191,6 +191,33 @@ def artopk(value_bytes: float, n: int, net: Network, algorithm: str = 'ring') ->
   return broadcast(value_bytes, n, net) + allreduce(value_bytes, n, net, algorithm)
 
 
+def sent_bytes(t: comm.Transfer, num_workers: int) -> float:
+  """Bytes one worker sends for one run of `t`, with a bandwidth-optimal algorithm.
+
+  Ring all-reduce sends 2(N-1)/N of the payload, ring all-gather (N-1) times
+  it, all-to-all (N-1)/N of it, a permute all of it, a pipelined broadcast
+  (N-1)/N of it (each byte once). Other algorithms (tree, parameter server)
+  are priced by `transfer_time`.
+
+  Example:
+    >>> from jaxdist import comm, netmodel
+    >>> netmodel.sent_bytes(comm.transfer(comm.ALL_REDUCE, 800), 8)
+    1400.0
+  """
+  n = num_workers
+  if n <= 1:
+    return 0.0
+  if t.op == 'broadcast':
+    return (n - 1) / n * t.nbytes
+  factor = {
+    comm.ALL_REDUCE: 2 * (n - 1) / n,
+    comm.ALL_GATHER: n - 1,
+    comm.ALL_TO_ALL: (n - 1) / n,
+    comm.PERMUTE: 1,
+  }[t.kind]
+  return factor * t.nbytes
+
+
 def transfer_time(t: comm.Transfer, n: int, net: Network, algorithm: str = 'ring') -> float:
   """Seconds one run of `t` takes among n workers."""
   if t.op == 'broadcast':

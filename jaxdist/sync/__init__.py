@@ -1,27 +1,20 @@
-"""Optax gradient transformations that communicate over named worker axes."""
+"""Optax gradient transformations that communicate over named worker axes.
+
+One module per method: `allreduce`, `compressed` (`compressed_allreduce`),
+`powersgd`, `bucketing` (`bucketed_allreduce`), `local_sgd`, `diloco`,
+`selsync`, `sma`, `gossip`, `stale` (`stale_sync`, `ssp`, `async_sgd`),
+`delay_tolerant` (`od_sgd`, `ssd_sgd`, `cd_sgd`), `pipeline` (gradient delay
+and its compensations) and `tick_tock`. Bucket planning lives in
+`jaxdist.netmodel`.
+"""
 
 from jaxdist.sync.allreduce import AllReduceState, allreduce
-from jaxdist.sync.bucketing import (
-  BucketedState,
-  bucketed_allreduce,
-  mgwfbp_buckets,
-  threshold_buckets,
-  timeline,
-)
+from jaxdist.sync.bucketing import BucketedState, bucketed_allreduce
 from jaxdist.sync.compressed import CompressedState, compressed_allreduce, local_clip
 from jaxdist.sync.delay_tolerant import DelayedState, cd_sgd, od_sgd, ssd_sgd
+from jaxdist.sync.diloco import DiLoCoState, diloco
 from jaxdist.sync.gossip import GossipState, gossip, mixing_matrix
-from jaxdist.sync.periodic import (
-  DiLoCoState,
-  LocalSGDState,
-  SelSyncState,
-  SMAState,
-  diloco,
-  gradient_norm,
-  local_sgd,
-  selsync,
-  sma,
-)
+from jaxdist.sync.local_sgd import LocalSGDState, local_sgd
 from jaxdist.sync.pipeline import (
   GradientDelayState,
   PredictionState,
@@ -31,8 +24,11 @@ from jaxdist.sync.pipeline import (
   spike_compensation,
   stage_delays,
 )
-from jaxdist.sync.stale import StaleState, async_sgd, delayed, ssp, stale_sync
-from jaxdist.sync.wavelet import TickTockState, tick_tock
+from jaxdist.sync.powersgd import PowerSGDState, powersgd
+from jaxdist.sync.selsync import SelSyncState, gradient_norm, selsync
+from jaxdist.sync.sma import SMAState, sma
+from jaxdist.sync.stale import StaleState, async_sgd, ssp, stale_sync
+from jaxdist.sync.tick_tock import TickTockState, tick_tock
 
 __all__ = [
   'AllReduceState',
@@ -43,6 +39,7 @@ __all__ = [
   'GossipState',
   'GradientDelayState',
   'LocalSGDState',
+  'PowerSGDState',
   'PredictionState',
   'SMAState',
   'SelSyncState',
@@ -54,7 +51,6 @@ __all__ = [
   'bucketed_allreduce',
   'cd_sgd',
   'compressed_allreduce',
-  'delayed',
   'diloco',
   'gossip',
   'gradient_delay',
@@ -62,9 +58,9 @@ __all__ = [
   'linear_weight_prediction',
   'local_clip',
   'local_sgd',
-  'mgwfbp_buckets',
   'mixing_matrix',
   'od_sgd',
+  'powersgd',
   'selsync',
   'sma',
   'spike_compensation',
@@ -72,7 +68,5 @@ __all__ = [
   'ssp',
   'stage_delays',
   'stale_sync',
-  'threshold_buckets',
   'tick_tock',
-  'timeline',
 ]

@@ -1,22 +1,11 @@
-"""Gradient bucketing: WFBP / MG-WFBP planning and per-bucket all-reduce.
+"""Gradient bucketing: one all-reduce per bucket of gradients (WFBP / MG-WFBP / DDP buckets).
 
-Wait-free backpropagation (WFBP) all-reduces each layer's gradient as soon
-as backprop produces it, overlapping communication with the backward pass of
-earlier layers; every all-reduce pays the startup latency α, so small layers
-are better merged. MG-WFBP (Shi, Chu, Li 2019) merges layer l into l − 1 when
-l's all-reduce could not start before l − 1's gradient is ready anyway, or
-when waiting for it costs less than one α. `threshold_buckets` is the
-fixed-size alternative (PyTorch DDP's 25 MB buckets).
-
-Layers here are parameter leaves; `forward_order` finds the order the
-forward pass uses them in (backward runs the other way), and
-`layer_flops` the forward FLOPs each one's operation costs, from which
-`backward_times` splits a measured backward time.
-
-`bucketed_allreduce(buckets)` then issues one all-reduce per bucket (the
-bucket's gradients concatenated), dense or through a compressor. XLA runs
-the step as one program, so the overlap itself is modelled (`timeline`),
-not executed, on a CPU host.
+Wait-free backpropagation all-reduces each bucket of gradients as soon as
+backprop has produced it. The plans (which leaves go together) come from
+`jaxdist.netmodel` (`threshold_buckets`, `mgwfbp_buckets`,
+`per_layer_buckets`), and so does the modelled overlap (`timeline`): XLA runs
+the step as one program, so the overlap is modelled, not executed, on a CPU
+host.
 
 Reference: Shi, Chu, Li. MG-WFBP: Efficient Data Communication for
 Distributed Synchronous SGD Algorithms. INFOCOM 2019.
@@ -25,199 +14,16 @@ https://arxiv.org/abs/1811.11141
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import jax.extend.core as jex
-import jax.numpy as jnp
-import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 
 from jaxdist import comm
-from jaxdist.sync.compressed import compressed_allreduce
-
-Buckets = list[list[int]]
-
-
-# --- what the model looks like -----------------------------------------------------------
-
-
-def _first_uses(
-  fn: Callable[..., Any], params: Any, *args: Any
-) -> tuple[list[int | None], list[float]]:
-  """Per parameter leaf: index of the first equation using it, and its FLOPs there."""
-  closed = jax.make_jaxpr(fn)(params, *args)
-  jaxpr = closed.jaxpr
-  n = len(jax.tree.leaves(params))
-  position = {v: i for i, v in enumerate(jaxpr.invars[:n])}
-  first: list[int | None] = [None] * n
-  flops = [0.0] * n
-
-  def visit(eqns, alias, base):
-    for k, eqn in enumerate(eqns):
-      step = base + k
-      for j, var in enumerate(eqn.invars):
-        leaf = alias.get(var) if not isinstance(var, jex.Literal) else None
-        if leaf is None:
-          continue
-        if first[leaf] is None:
-          first[leaf] = step
-        out = math.prod(eqn.outvars[0].aval.shape) if eqn.outvars else 0
-        name = eqn.primitive.name
-        if name == 'dot_general':
-          (lhs_contract, rhs_contract), _ = eqn.params['dimension_numbers']
-          contract = rhs_contract if j == 1 else lhs_contract
-          size = math.prod(eqn.invars[j].aval.shape[d] for d in contract)
-          flops[leaf] += 2.0 * out * size
-        elif name == 'conv_general_dilated':
-          kernel = eqn.invars[1].aval.shape
-          per_out = math.prod(kernel) / kernel[-1] if j == 1 else 1.0
-          flops[leaf] += 2.0 * out * per_out
-        else:
-          flops[leaf] += float(out)
-      for sub in _subjaxprs(eqn):
-        inner = {
-          iv: alias[ov] for iv, ov in zip(sub.invars, eqn.invars, strict=False) if ov in alias
-        }
-        visit(sub.eqns, inner, step)
-
-  visit(jaxpr.eqns, position, 0)
-  return first, flops
-
-
-def _subjaxprs(eqn):
-  for value in eqn.params.values():
-    for item in value if isinstance(value, (list, tuple)) else (value,):
-      if isinstance(item, jex.ClosedJaxpr):
-        yield item.jaxpr
-      elif isinstance(item, jex.Jaxpr):
-        yield item
-
-
-def forward_order(fn: Callable[..., Any], params: Any, *args: Any) -> list[int]:
-  """Leaf indices of `params` in the order `fn(params, *args)` first uses them."""
-  first, _ = _first_uses(fn, params, *args)
-  return sorted(range(len(first)), key=lambda i: (first[i] is None, first[i] or 0, i))
-
-
-def layer_flops(fn: Callable[..., Any], params: Any, *args: Any) -> list[float]:
-  """Forward FLOPs of the operations each leaf of `params` enters (matmuls, convs, adds)."""
-  return _first_uses(fn, params, *args)[1]
-
-
-def backward_times(flops: Sequence[float], total_s: float) -> list[float]:
-  """A measured backward time split over layers in proportion to their FLOPs."""
-  total = sum(flops) or 1.0
-  return [total_s * f / total for f in flops]
-
-
-# --- plans -----------------------------------------------------------------------------------
-
-
-def _check_sizes(nbytes, order):
-  if sorted(order) != list(range(len(nbytes))):
-    raise ValueError(f'order must be a permutation of the {len(nbytes)} layers')
-
-
-def threshold_buckets(
-  nbytes: Sequence[int], bucket_bytes: int, order: Sequence[int] | None = None
-) -> Buckets:
-  """Fixed-size buckets in backward order: a bucket closes once it holds `bucket_bytes`."""
-  if bucket_bytes <= 0:
-    raise ValueError(f'bucket_bytes must be > 0, got {bucket_bytes}')
-  order = list(order) if order is not None else list(range(len(nbytes)))
-  _check_sizes(nbytes, order)
-  buckets, current, size = [], [], 0
-  for leaf in reversed(order):
-    current.append(leaf)
-    size += nbytes[leaf]
-    if size >= bucket_bytes:
-      buckets.append(current)
-      current, size = [], 0
-  if current:
-    buckets.append(current)
-  return buckets
-
-
-def _ready_times(backward_s, order):
-  """When each layer's gradient is ready, backward running from the last layer to the first."""
-  ready, clock = {}, 0.0
-  for leaf in reversed(order):
-    clock += backward_s[leaf]
-    ready[leaf] = clock
-  return ready
-
-
-def mgwfbp_buckets(
-  nbytes: Sequence[int],
-  backward_s: Sequence[float],
-  alpha: float,
-  beta: float,
-  order: Sequence[int] | None = None,
-) -> Buckets:
-  """MG-WFBP's merge of layers into buckets, in backward order.
-
-  Walks the layers from the output down; layer l joins the bucket of the
-  layer before it in backprop (l − 1 in forward order) when l's all-reduce
-  would not have started by the time l − 1's gradient is ready, or when the
-  link would be idle for less than α between them.
-  """
-  order = list(order) if order is not None else list(range(len(nbytes)))
-  _check_sizes(nbytes, order)
-  if alpha < 0 or beta < 0:
-    raise ValueError(f'alpha and beta must be >= 0, got {alpha}, {beta}')
-  ready = _ready_times(backward_s, order)
-  backward = list(reversed(order))
-  buckets = [[backward[0]]]
-  link_free = 0.0
-  start = ready[backward[0]]
-  for leaf in backward[1:]:
-    size = sum(nbytes[i] for i in buckets[-1])
-    if start > ready[leaf] or ready[leaf] - start < alpha:
-      buckets[-1].append(leaf)  # merge: the bucket now waits for this layer
-      start = max(link_free, ready[leaf])
-    else:
-      link_free = start + alpha + beta * size
-      buckets.append([leaf])
-      start = max(link_free, ready[leaf])
-  return buckets
-
-
-def per_layer_buckets(order: Sequence[int]) -> Buckets:
-  """WFBP without merging: every layer its own all-reduce, in backward order."""
-  return [[leaf] for leaf in reversed(list(order))]
-
-
-def timeline(
-  buckets: Buckets,
-  nbytes: Sequence[int],
-  backward_s: Sequence[float],
-  alpha: float,
-  beta: float,
-  order: Sequence[int] | None = None,
-  overlap: bool = True,
-) -> float:
-  """Seconds from the start of backprop until the last bucket's all-reduce ends.
-
-  With `overlap`, a bucket's all-reduce starts once all its gradients are
-  ready and the link is free; without, all of them run after backprop.
-  (α, β here are the per-message cost of one all-reduce, e.g. a ring's
-  2(N−1)α and 2(N−1)/N·β.)
-  """
-  order = list(order) if order is not None else list(range(len(nbytes)))
-  ready = _ready_times(backward_s, order)
-  end_of_backprop = sum(backward_s)
-  clock = 0.0 if overlap else end_of_backprop
-  for bucket in buckets:
-    cost = alpha + beta * sum(nbytes[i] for i in bucket)
-    start = max(clock, max(ready[i] for i in bucket)) if overlap else clock
-    clock = start + cost
-  return max(clock, end_of_backprop)
-
-
-# --- the transform ---------------------------------------------------------------------------
+from jaxdist.netmodel import Buckets
+from jaxdist.sync._averaging import check_averager
 
 
 def _check_buckets(buckets, num_leaves: int | None = None) -> None:
@@ -233,9 +39,8 @@ class BucketedState(NamedTuple):
   """State of `bucketed_allreduce`.
 
   Attributes:
-    buckets: per bucket, the compressed exchange's state (() when dense).
-      Per-worker.
-    wire: per bucket, its dense all-reduce (() when compressed). Per-worker.
+    buckets: per bucket, the averager's state (() when dense). Per-worker.
+    wire: per bucket, its dense all-reduce (() with an averager). Per-worker.
   """
 
   buckets: tuple
@@ -246,27 +51,44 @@ def bucketed_allreduce(
   buckets: Buckets | Callable[[Any], Buckets],
   *,
   axis_name: comm.AxisName,
-  compressor=None,
-  **compress_kwargs,
+  averager: optax.GradientTransformation | None = None,
 ) -> optax.GradientTransformation:
   """Averages gradients over workers one bucket at a time.
 
   Each bucket (a list of leaf indices of the gradient tree) goes as one
-  all-reduce of its concatenated gradients; with a `compressor`, each
-  bucket is compressed on its own (`compressed_allreduce`, fused per
-  bucket). The numbers are those of one dense all-reduce; only the
-  collectives' count and sizes change.
+  all-reduce of its gradients flattened into one vector:
+  mean_b = (1/N) Σ_n concat(g_n[i] for i in b). The numbers are those of one
+  dense all-reduce; only the collectives' count and sizes change. With an
+  `averager` (e.g. `compressed_allreduce(topk(0.01), ...)`), each bucket's
+  leaves go through the averager instead, each bucket with its own averager
+  state (a compressed averager then compresses each bucket on its own).
 
   Args:
-    buckets: a partition of the leaf indices (e.g. from `mgwfbp_buckets`),
-      or a function of the parameters that returns one.
+    buckets: a partition of the leaf indices (e.g. from
+      `jaxdist.netmodel.mgwfbp_buckets`), or a function of the parameters
+      that returns one.
     axis_name: the worker axis (or tuple of axes).
-    compressor: compress each bucket with it (default: dense).
-    **compress_kwargs: passed to `compressed_allreduce`.
+    averager: a transform that averages over `axis_name`, applied per bucket
+      (default: a dense all-reduce per bucket).
+
+  Returns:
+    An `optax.GradientTransformation`; put it before the optimizer.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from jaxdist import runtime, sync, testing
+    >>> tx = sync.bucketed_allreduce([[1], [0]], axis_name=runtime.AXES)
+    >>> run = testing.Run(tx, {'a': jnp.zeros(2), 'b': jnp.zeros(())}, workers=2)
+    >>> run({'a': jnp.array([[1.0, 2.0], [3.0, 4.0]]), 'b': jnp.array([0.0, 1.0])})['b']
+    Array([0.5, 0.5], dtype=float32)
+
+  Reference:
+    Shi, Chu, Li. MG-WFBP. INFOCOM 2019. https://arxiv.org/abs/1811.11141
   """
   plan = buckets if callable(buckets) else (lambda tree: buckets)
   if not callable(buckets):
     _check_buckets(buckets)
+  check_averager(averager)
 
   def split(tree):
     leaves = jax.tree.leaves(tree)
@@ -274,39 +96,27 @@ def bucketed_allreduce(
     _check_buckets(chosen, len(leaves))
     return leaves, chosen, [[leaves[i] for i in b] for b in chosen]
 
-  def inner_for(count):
-    if compressor is None:
-      return None
-    return [
-      compressed_allreduce(compressor, axis_name=axis_name, **compress_kwargs) for _ in range(count)
-    ]
-
   def init_fn(params):
     _, _, groups = split(params)
-    inner = inner_for(len(groups))
-    if inner is not None:
-      return BucketedState(tuple(tx.init(g) for tx, g in zip(inner, groups, strict=True)), ())
+    if averager is not None:
+      return BucketedState(tuple(averager.init(g) for g in groups), ())
     wire = tuple(comm.transfer(comm.ALL_REDUCE, comm.tree_nbytes(g), 0) for g in groups)
     return BucketedState((), wire)
 
   def update_fn(updates, state, params=None):
     del params
     leaves, chosen, groups = split(updates)
-    inner = inner_for(len(groups))
     out, treedef = list(leaves), jax.tree.structure(updates)
     states, wire = [], []
     for b, (bucket, group) in enumerate(zip(chosen, groups, strict=True)):
-      if inner is not None:
-        mean, s = inner[b].update(group, state.buckets[b])
+      if averager is not None:
+        mean, s = averager.update(group, state.buckets[b])
         states.append(s)
       else:
-        flat = jnp.concatenate([g.reshape(-1) for g in group])
+        flat, unravel = ravel_pytree(group)
         total, sent = comm.pmean(flat, axis_name)
         wire.append(sent)
-        sizes = np.cumsum([g.size for g in group])[:-1]
-        mean = [
-          part.reshape(g.shape) for part, g in zip(jnp.split(total, sizes), group, strict=True)
-        ]
+        mean = unravel(total)
       for i, m in zip(bucket, mean, strict=True):
         out[i] = m
     return jax.tree.unflatten(treedef, out), BucketedState(tuple(states), tuple(wire))

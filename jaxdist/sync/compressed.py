@@ -10,12 +10,15 @@ workers of the compressed gradients, with one of these collectives:
   sparsifiers use AR-compatible Top-k (Tyagi & Swany 2023): a leader's
   indices go to all (STAR: round-robin by step; VAR: the worker whose
   selected values have the largest norm), and every worker all-reduces its
-  own values at those indices. PowerSGD all-reduces P, then Q.
+  own values at those indices.
 - `auto`: whichever of the above costs less under the α-β network model for
   the worker count and network profile, decided at trace time.
 
 Error feedback keeps, per worker, what the worker did not get across (its
 input minus its own decoded contribution) and adds it to the next gradient.
+
+PowerSGD, whose two all-reduces sit between the steps of its power
+iteration, is its own transform: `jaxdist.sync.powersgd`.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
+from jax.flatten_util import ravel_pytree
 
 from jaxdist import comm, compress, netmodel
 from jaxdist.compress.base import Compressor
-from jaxdist.compress.lowrank import PowerSGD, orthogonalize
+from jaxdist.compress.lowrank import PowerSGD
 from jaxdist.compress.sparsify import scatter, take
 
 COLLECTIVES = ('allgather', 'allreduce', 'auto')
@@ -51,8 +55,8 @@ class CompressedState(NamedTuple):
     momentum: DGC momentum-correction buffer, like `residual` (() without).
       Per-worker.
     compressor_state: per compressor (warm-up stage), per group: e.g. the
-      last random-k positions or PowerSGD's warm-start Q. Per-worker (equal
-      on all workers where the compressor shares its randomness).
+      last random-k positions. Per-worker (equal on all workers where the
+      compressor shares its randomness).
     wire: every collective this transform may issue; counts say which ran.
       Per-worker.
   """
@@ -71,27 +75,23 @@ class _Plan:
 
   compressed: tuple[int, ...]  # leaf indices
   dense: tuple[int, ...]
-  groups: tuple[tuple[int, ...], ...]  # shapes: (n,) vectors, or matrices for PowerSGD
+  groups: tuple[int, ...]  # lengths of the compressed vectors
   fused: bool
 
 
-def _plan(tree, low_rank: bool, fused: bool, min_size: int) -> _Plan:
+def _plan(tree, fused: bool, min_size: int) -> _Plan:
   leaves = jax.tree.leaves(tree)
-  ok = lambda x: x.size >= max(min_size, 1) and (x.ndim >= 2 if low_rank else True)
+  ok = lambda x: x.size >= max(min_size, 1)
   compressed = tuple(i for i, x in enumerate(leaves) if ok(x))
   dense = tuple(i for i, x in enumerate(leaves) if not ok(x))
-  if low_rank:
-    groups = tuple(tuple(leaves[i].shape) for i in compressed)
-  elif fused:
-    groups = ((sum(leaves[i].size for i in compressed),),) if compressed else ()
+  if fused:
+    groups = (sum(leaves[i].size for i in compressed),) if compressed else ()
   else:
-    groups = tuple((leaves[i].size,) for i in compressed)
-  return _Plan(compressed, dense, groups, fused and not low_rank)
+    groups = tuple(leaves[i].size for i in compressed)
+  return _Plan(compressed, dense, groups, fused)
 
 
 def _candidates(c) -> tuple[str, ...]:
-  if isinstance(c, PowerSGD):
-    return ('allreduce',)
   if c.sparse:
     return ('allgather', 'allreduce')
   if c.summable:
@@ -102,24 +102,18 @@ def _candidates(c) -> tuple[str, ...]:
 def _transfers(c, collective: str, plan: _Plan, leader: str) -> list[comm.Transfer]:
   """The collectives one step with compressor `c` and `collective` issues (count 0)."""
   zero = lambda kind, nbytes, op=None: comm.transfer(kind, nbytes, 0, op)
-  if isinstance(c, PowerSGD):
-    sizes = [c.wire_bytes(shape) for shape in plan.groups]
-    return [
-      zero(comm.ALL_REDUCE, sum(p for p, _ in sizes)),
-      zero(comm.ALL_REDUCE, sum(q for _, q in sizes)),
-    ]
-  wire = sum(c.wire_bytes(shape[0]) for shape in plan.groups)
+  wire = sum(c.wire_bytes(n) for n in plan.groups)
   if collective == 'allgather':
     return [zero(comm.ALL_GATHER, wire)]
   if not c.sparse:
     return [zero(comm.ALL_REDUCE, wire)]
-  k_total = sum(c.kept(shape[0]) for shape in plan.groups)
+  k_total = sum(c.kept(n) for n in plan.groups)
   out = [zero(comm.ALL_GATHER, 4)] if leader == 'var' else []
   return [*out, zero(comm.ALL_REDUCE, 4 * k_total, 'broadcast'), zero(comm.ALL_REDUCE, 4 * k_total)]
 
 
 def compressed_allreduce(
-  compressor: Compressor | PowerSGD,
+  compressor: Compressor,
   *,
   axis_name: comm.AxisName,
   collective: str = 'allgather',
@@ -141,13 +135,12 @@ def compressed_allreduce(
     compressor: a `jaxdist.compress` compressor.
     axis_name: the worker axis (or tuple of axes).
     collective: 'allgather', 'allreduce' (AR-Top-k for sparsifiers; payload
-      sums for summable compressors; PowerSGD's P/Q all-reduces) or 'auto'.
+      sums for summable compressors) or 'auto'.
     error_feedback: keep what was not sent and add it to the next gradient.
     fused: compress the whole model as one flattened vector (as Tyagi &
-      Swany do) rather than each tensor on its own. PowerSGD is always per
-      tensor.
+      Swany do) rather than each tensor on its own.
     min_size: tensors with fewer elements (biases, norms) are all-reduced
-      uncompressed; PowerSGD also leaves 1-D tensors uncompressed.
+      uncompressed.
     leader: AR-Top-k's leader: 'star' (round-robin by step) or 'var' (the
       worker whose selected values have the largest squared norm).
     momentum_correction: DGC's momentum correction m (0 = off): u <- m·u + g
@@ -171,10 +164,13 @@ def compressed_allreduce(
     over Unpredictable Networks. IEEE BigData 2023 (AR-Top-k, α-β choice).
     Lin et al. Deep Gradient Compression. ICLR 2018 (momentum correction,
     warm-up). https://arxiv.org/abs/1712.01887
-    Vogels et al. PowerSGD. NeurIPS 2019. https://arxiv.org/abs/1905.13727
   """
-  low_rank = isinstance(compressor, PowerSGD)
-  if not isinstance(compressor, Compressor | PowerSGD):
+  if isinstance(compressor, PowerSGD):
+    raise ValueError(
+      'compressed_allreduce does not take PowerSGD, whose all-reduces sit inside its power '
+      'iteration: use jd.sync.powersgd(rank=..., axis_name=...)'
+    )
+  if not isinstance(compressor, Compressor):
     raise ValueError(f'compressor must be a jaxdist.compress compressor, got {compressor!r}')
   if collective not in COLLECTIVES:
     raise ValueError(f'collective must be one of {COLLECTIVES}, got {collective!r}')
@@ -212,10 +208,10 @@ def compressed_allreduce(
   options = _candidates(compressor) if collective == 'auto' else (collective,)
 
   def layout(tree):
-    plan = _plan(tree, low_rank, fused, min_size)
-    for shape in plan.groups if not low_rank else ():
+    plan = _plan(tree, fused, min_size)
+    for n in plan.groups:
       for c in stages:
-        c.check(shape[0])
+        c.check(n)
     wire = [
       (s, col, _transfers(c, col, plan, leader)) for s, c in enumerate(stages) for col in options
     ]
@@ -225,14 +221,8 @@ def compressed_allreduce(
 
   def init_fn(params):
     plan, wire, dense = layout(params)
-    zeros = tuple(jnp.zeros(shape, jnp.float32) for shape in plan.groups)
-    if low_rank:
-      base = jax.random.PRNGKey(compressor.seed)
-      cstate = (
-        tuple(compressor.init_q(g, jax.random.fold_in(base, j)) for j, g in enumerate(plan.groups)),
-      )
-    else:
-      cstate = tuple(tuple(c.init(shape[0]) for shape in plan.groups) for c in stages)
+    zeros = tuple(jnp.zeros((n,), jnp.float32) for n in plan.groups)
+    cstate = tuple(tuple(c.init(n) for n in plan.groups) for c in stages)
     return CompressedState(
       count=jnp.zeros([], jnp.int32),
       key=jax.random.PRNGKey(seed),
@@ -250,7 +240,7 @@ def compressed_allreduce(
     chosen = options[0] if len(options) == 1 else _cheapest(wire, n)
 
     # What this worker wants to get across: gradient (+ momentum) + memory.
-    grads = _groups(leaves, plan)
+    grads, ungroup = _groups(leaves, plan)
     momentum = state.momentum
     if momentum_correction:
       if nesterov:
@@ -270,14 +260,10 @@ def compressed_allreduce(
     def run_stage(s):
       def branch(wanted, cstate):
         c = stages[s]
-        if low_rank:
-          mean, local, new_c = _powersgd(c, wanted, cstate[s], axis_name, n, step_key)
-          mask = None
-        else:
-          keys = [_key(c, step_key, j, axis_name) for j in range(len(wanted))]
-          mean, local, mask, new_c = _exchange(
-            c, chosen, wanted, cstate[s], keys, axis_name, n, leader, state.count
-          )
+        keys = [_key(c, step_key, j, axis_name) for j in range(len(wanted))]
+        mean, local, mask, new_c = _exchange(
+          c, chosen, wanted, cstate[s], keys, axis_name, n, leader, state.count
+        )
         cstate = tuple(new_c if i == s else cs for i, cs in enumerate(cstate))
         counts = [int(ws == s and col == chosen) for ws, col, ts in wire for _ in ts]
         return mean, local, mask, cstate, jnp.asarray(counts, jnp.int32)
@@ -297,7 +283,8 @@ def compressed_allreduce(
       momentum = tuple(jnp.where(m, 0.0, u) for m, u in zip(mask, momentum, strict=True))
 
     out = list(leaves)
-    _ungroup(out, mean, plan, leaves)
+    for i, x in zip(plan.compressed, ungroup(mean), strict=True):
+      out[i] = x.astype(leaves[i].dtype)
     transfers = [comm.ran(t, counts[i]) for i, t in enumerate(t for _, _, ts in wire for t in ts)]
     if plan.dense:
       dense_mean, dense_t = comm.pmean([leaves[i] for i in plan.dense], axis_name)
@@ -325,29 +312,18 @@ def compressed_allreduce(
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def _groups(leaves, plan: _Plan) -> tuple[jax.Array, ...]:
-  if not plan.groups:
-    return ()
+def _groups(leaves, plan: _Plan):
+  """The float32 vectors to compress, and the function that turns them back into leaves."""
+  compressed = [leaves[i].astype(jnp.float32) for i in plan.compressed]
+  if not compressed:
+    return (), lambda vecs: []
   if plan.fused:
-    return (jnp.concatenate([leaves[i].reshape(-1).astype(jnp.float32) for i in plan.compressed]),)
-  return tuple(
-    leaves[i].astype(jnp.float32).reshape(shape)
-    for i, shape in zip(plan.compressed, plan.groups, strict=True)
+    flat, unravel = ravel_pytree(compressed)
+    return (flat,), lambda vecs: unravel(vecs[0])
+  return (
+    tuple(x.reshape(-1) for x in compressed),
+    lambda vecs: [v.reshape(x.shape) for v, x in zip(vecs, compressed, strict=True)],
   )
-
-
-def _ungroup(out: list, vecs, plan: _Plan, leaves) -> None:
-  if not plan.groups:
-    return
-  if plan.fused:
-    offset = 0
-    for i in plan.compressed:
-      size = leaves[i].size
-      out[i] = vecs[0][offset : offset + size].reshape(leaves[i].shape).astype(leaves[i].dtype)
-      offset += size
-  else:
-    for i, v in zip(plan.compressed, vecs, strict=True):
-      out[i] = v.reshape(leaves[i].shape).astype(leaves[i].dtype)
 
 
 def _key(c, step_key, group: int, axis_name):
@@ -406,26 +382,6 @@ def _exchange(c, collective, wanted, cstates, keys, axis_name, n, leader, count)
     scatter(jnp.ones_like(v), idx, m) > 0 for v, idx, m in zip(own, indices, sizes, strict=True)
   )
   return mean, local, mask, new_states
-
-
-def _powersgd(c: PowerSGD, matrices, qs, axis_name, n, step_key):
-  """PowerSGD's two all-reduces; returns (mean, own contribution, next Qs)."""
-  ms = [m.reshape(PowerSGD.matrix_shape(m.shape)) for m in matrices]
-  ps = tuple(c.project(m, q) for m, q in zip(ms, qs, strict=True))
-  ps, _ = comm.psum(ps, axis_name)
-  p_hats = [orthogonalize(p / n) for p in ps]
-  new_qs = tuple(c.back(m, p) for m, p in zip(ms, p_hats, strict=True))
-  new_qs, _ = comm.psum(new_qs, axis_name)
-  new_qs = tuple(q / n for q in new_qs)
-  approx = tuple(
-    c.decode(p, q).reshape(m.shape) for p, q, m in zip(p_hats, new_qs, matrices, strict=True)
-  )
-  if not c.warm_start:  # a fresh Q each step, the same on every worker
-    new_qs = tuple(
-      c.init_q(m.shape, jax.random.fold_in(step_key, j)) for j, m in enumerate(matrices)
-    )
-  # Error feedback w.r.t. the averaged approximation (as epfml/powersgd does).
-  return approx, approx, new_qs
 
 
 def local_clip(max_norm: float, *, axis_name: comm.AxisName) -> optax.GradientTransformation:

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
+from jax.flatten_util import ravel_pytree
 
 from jaxdist import comm
 from jaxdist.compress.quantize import TwoBit
@@ -151,7 +152,7 @@ def _delayed(
       exchange=ex_state,
       wire=wire,
     )
-    return jax.tree.map(jnp.subtract, new_local, params), new
+    return optax.tree.sub(new_local, params), new
 
   return optax.GradientTransformation(init_fn, update_fn)
 
@@ -252,14 +253,14 @@ def _cd_exchange(k: int, threshold: float, axis_name, flush: bool) -> _Exchange:
     q_state, (blocking, hidden) = state
 
     def dense(grads, q_state):
-      flat = jnp.concatenate([g.reshape(-1) for g in jax.tree.leaves(grads)])
+      flat, unravel = ravel_pytree(grads)
       if flush:  # the correction also sends what the quantiser held back
         total, _ = comm.pmean(flat + q_state.residual[0], axis_name)
         q_state = q_state._replace(residual=(jnp.zeros_like(flat),))
       else:
         total, _ = comm.pmean(flat, axis_name)
       q_state = q_state._replace(wire=comm.silence(q_state.wire))
-      return _unflatten(total, grads), q_state
+      return unravel(total), q_state
 
     def quantise(grads, q_state):
       out, q_state = quantised.update(grads, q_state)
@@ -271,15 +272,6 @@ def _cd_exchange(k: int, threshold: float, axis_name, flush: bool) -> _Exchange:
     return out, (q_state, wire)
 
   return _Exchange(init, mean)
-
-
-def _unflatten(flat, like):
-  leaves, treedef = jax.tree.flatten(like)
-  out, offset = [], 0
-  for leaf in leaves:
-    out.append(flat[offset : offset + leaf.size].reshape(leaf.shape).astype(leaf.dtype))
-    offset += leaf.size
-  return jax.tree.unflatten(treedef, out)
 
 
 def cd_sgd(

@@ -143,7 +143,7 @@ def gossip(
       return updates, comm.silence(state)
     if n != num_workers:
       raise ValueError(f'gossip was built for {num_workers} workers, but {axis_name} has {n}')
-    local = jax.tree.map(jnp.add, params, updates)
+    local = optax.apply_updates(params, updates)
     plan = exchanges(n)
     received, wire = [], []
     for offset, _ in plan:
@@ -158,6 +158,6 @@ def gossip(
       received = [up, down, pick(right, right_wrap, 0), pick(left, left_wrap, c - 1)]
     weight = 1 / (len(received) + 1)
     mixed = jax.tree.map(lambda x, *others: weight * (x + sum(others)), local, *received)
-    return jax.tree.map(jnp.subtract, mixed, params), GossipState(wire=tuple(wire))
+    return optax.tree.sub(mixed, params), GossipState(wire=tuple(wire))
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -141,9 +141,9 @@ def linear_weight_prediction(delay: int | Any) -> optax.GradientTransformation:
     if params is None:
       raise ValueError('linear_weight_prediction needs params: call update(updates, state, params)')
     delays = _delays(delay, updates)
-    weights = jax.tree.map(jnp.add, state.weights, updates)
+    weights = optax.apply_updates(state.weights, updates)
     predicted = jax.tree.map(lambda w, u, d: w + d * u, weights, updates, delays)
-    return jax.tree.map(jnp.subtract, predicted, params), PredictionState(weights)
+    return optax.tree.sub(predicted, params), PredictionState(weights)
 
   return optax.GradientTransformation(init_fn, update_fn)
 

@@ -14,7 +14,9 @@ all-reduce and applied, divided by N. Consistency rules (after Ho et al.
   SGD through a parameter server), every worker applies the same arrivals and
   all models stay equal, each gradient computed on a model up to s steps old.
 
-Delay 0 is synchronous SGD (BSP). A simulation of the algorithm, not of the
+Delay 0 is synchronous SGD (BSP). Every gradient applied exactly D steps
+late by every worker is `stale_sync(D, delays='fixed')`, which equals
+`optax.chain(allreduce(...), gradient_delay(D))`. A simulation of the algorithm, not of the
 system: every worker computes every step; wall-clock gains of not waiting are
 what the network model and a straggler model would add.
 """
@@ -120,11 +122,6 @@ def stale_sync(
     return updates, StaleState(optax.safe_increment(state.count), state.key, mailbox, (sent,))
 
   return optax.GradientTransformation(init_fn, update_fn)
-
-
-def delayed(delay: int, *, axis_name: comm.AxisName) -> optax.GradientTransformation:
-  """Every gradient applied exactly `delay` steps late, by every worker (0 = BSP)."""
-  return stale_sync(delay, axis_name=axis_name, delays='fixed')
 
 
 def ssp(staleness: int, *, axis_name: comm.AxisName, seed: int = 0) -> optax.GradientTransformation:

@@ -62,6 +62,21 @@ def tick_tock(
     optimizer: the optimizer of the shared model.
     axis_name: the worker axis (or tuple of axes).
     waves: number of waves (1 = synchronous SGD; Wavelet uses 2).
+
+  Returns:
+    An `optax.GradientTransformation` that replaces the optimizer.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> from jaxdist import runtime, sync, testing
+    >>> tx = sync.tick_tock(optax.sgd(1.0), axis_name=runtime.AXES)
+    >>> run = testing.Run(tx, {'x': jnp.zeros(())}, workers=2)  # worker 0 ticks, 1 tocks
+    >>> run({'x': jnp.array([1.0, 10.0])})['x']  # tick: 0 - 1; tock: -1 - 10
+    Array([ -1., -11.], dtype=float32)
+
+  Reference:
+    Wang, Wang, Jiang, Li, Stoica. Wavelet: Efficient DNN Training with
+    Tick-Tock Scheduling. MLSys 2021.
   """
   if waves < 1:
     raise ValueError(f'waves must be >= 1, got {waves}')
@@ -91,6 +106,6 @@ def tick_tock(
       weights = optax.apply_updates(weights, updates)
       after.append(weights)
     mine = jax.tree.map(lambda *ws: jnp.stack(ws)[wave], *after)
-    return jax.tree.map(jnp.subtract, mine, params), TickTockState(weights, inner, (sent,))
+    return optax.tree.sub(mine, params), TickTockState(weights, inner, (sent,))
 
   return optax.GradientTransformation(init_fn, update_fn)

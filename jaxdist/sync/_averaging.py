@@ -1,0 +1,89 @@
+"""Model synchronisation shared by local SGD, DiLoCo and SelSync.
+
+A synchronising step either averages the models themselves with one dense
+all-reduce (`averager=None`: no anchor is kept), or hands each worker's
+change since the last synchronisation to an averaging transform (any
+`optax.GradientTransformation` that averages over the workers, e.g.
+`compressed_allreduce(topk(0.01), ...)`) and moves the shared anchor by the
+result. The averager's state lives in the method's state; on a step that
+does not synchronise, its transfers are marked as not having run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optax
+
+from jaxdist import comm
+
+
+def check_averager(averager: Any) -> None:
+  """Raises ValueError unless `averager` is None or a gradient transformation."""
+  if averager is not None and not (hasattr(averager, 'init') and hasattr(averager, 'update')):
+    raise ValueError(
+      'averager must be None or an optax.GradientTransformation that averages over the '
+      f'workers (e.g. jd.sync.allreduce(axis_name=...)), got {averager!r}'
+    )
+
+
+def init_averager(params: Any, averager: optax.GradientTransformation | None) -> Any:
+  """The averager's state (() when averaging densely)."""
+  return averager.init(params) if averager is not None else ()
+
+
+def dense_wire(params: Any, averager: optax.GradientTransformation | None) -> tuple:
+  """The dense all-reduce of the model, not yet run (() with an averager)."""
+  if averager is not None:
+    return ()
+  return (comm.transfer(comm.ALL_REDUCE, comm.tree_nbytes(params), 0),)
+
+
+def mean_fn(averager: optax.GradientTransformation | None, axis_name: comm.AxisName):
+  """(tree, averager state, wire) -> (mean over workers, averager state, wire)."""
+
+  def mean(tree, avg_state, wire):
+    if averager is None:
+      out, sent = comm.pmean(tree, axis_name)
+      return out, avg_state, (comm.ran(sent, 1),)
+    out, avg_state = averager.update(tree, avg_state)
+    return out, avg_state, wire
+
+  return mean
+
+
+def model_sync(averager: optax.GradientTransformation | None, axis_name: comm.AxisName):
+  """The two `lax.cond` branches of a model synchronisation, (sync, skip).
+
+  Both map (params, updates, anchor, averager state, wire) to (updates,
+  anchor, averager state, wire). Dense: updates move every worker to the mean
+  of the models params + updates. With an averager: the anchor moves by the
+  averaged change (params + updates − anchor), and the updates move every
+  worker to the new anchor.
+  """
+  mean = mean_fn(averager, axis_name)
+
+  def sync(params, updates, anchor, avg_state, wire):
+    local = optax.apply_updates(params, updates)
+    if averager is None:
+      synced, avg_state, wire = mean(local, avg_state, wire)
+      return optax.tree.sub(synced, params), anchor, avg_state, wire
+    delta, avg_state, wire = mean(optax.tree.sub(local, anchor), avg_state, wire)
+    anchor = optax.apply_updates(anchor, delta)
+    return optax.tree.sub(anchor, params), anchor, avg_state, wire
+
+  def skip(params, updates, anchor, avg_state, wire):
+    del params
+    return updates, anchor, comm.silence(avg_state), comm.silence(wire)
+
+  return sync, skip
+
+
+def check_period(period: int) -> None:
+  if period < 1:
+    raise ValueError(f'period must be >= 1, got {period}')
+
+
+def needs_params(name: str, params: Any) -> None:
+  if params is None:
+    raise ValueError(f'{name} needs params: call update(updates, state, params)')
