@@ -34,13 +34,7 @@ def test_psum_pmean_all_gather_over_all_workers(devices):
   np.testing.assert_array_equal(index, np.arange(8))
 
 
-def test_sent_bytes_follow_bandwidth_optimal_algorithms():
-  n = 8
-  assert comm.transfer('all-reduce', 800).sent_bytes(n) == pytest.approx(2 * 7 / 8 * 800)
-  assert comm.transfer('all-gather', 800).sent_bytes(n) == 7 * 800
-  assert comm.transfer('all-to-all', 800).sent_bytes(n) == pytest.approx(7 / 8 * 800)
-  assert comm.transfer('collective-permute', 800).sent_bytes(n) == 800
-  assert comm.transfer('all-reduce', 800).sent_bytes(1) == 0
+def test_transfer_kinds_are_the_hlo_collectives():
   with pytest.raises(ValueError, match='kind must be one of'):
     comm.transfer('broadcast', 8)
 

@@ -9,7 +9,7 @@ import optax
 import pytest
 
 import jaxdist as jd
-from jaxdist import comm, runtime
+from jaxdist import comm, runtime, testing
 from jaxdist import compress as C
 
 W = 8
@@ -29,25 +29,29 @@ def worker_grads(seed=0, same=False):
   return out
 
 
-class Runner:
-  """Runs a transform's update for all workers of a layout, step after step."""
+def make_run(tx, devices=8):
+  """`testing.Run` of all W workers from zero parameters."""
+  return testing.Run(tx, params(), workers=W, devices=devices)
 
-  def __init__(self, tx, devices=8):
-    self.workers = runtime.layout(W, devices=devices)
-    self.tx = tx
-    self.params = jax.tree.map(lambda p: jnp.broadcast_to(p, (W, *p.shape)), params())
-    self.state = jax.vmap(tx.init)(self.params)
-    self.step = jax.jit(self.workers.map(lambda g, s, p: tx.update(g, s, p), in_axes=(0, 0, 0)))
 
-  def args(self, grads):
-    return [jax.device_put(t, self.workers.sharding) for t in (grads, self.state, self.params)]
+def updates_of(run, grads):
+  """One step of `run`; the updates (the averaged gradients), not the parameters."""
+  run(grads)
+  return run.updates
 
-  def __call__(self, grads):
-    out, self.state = self.step(*self.args(grads))
-    return out
 
-  def lowered_collectives(self, grads):
-    return comm.hlo.collectives(self.step.lower(*self.args(grads)).compiler_ir('hlo').as_hlo_text())
+def lowered_collectives(run, grads):
+  return comm.hlo.collectives(run.hlo(grads, compiled=False))
+
+
+def averaging(compressor, collective, **kw):
+  """compressed_allreduce of `compressor`, or the powersgd transform for C.powersgd(...)."""
+  if isinstance(compressor, C.PowerSGD):
+    assert collective == 'allreduce'
+    return jd.sync.powersgd(compressor.rank, axis_name=runtime.AXES, **kw)
+  return jd.sync.compressed_allreduce(
+    compressor, axis_name=runtime.AXES, collective=collective, **kw
+  )
 
 
 def mean_of(grads):
@@ -70,7 +74,7 @@ def test_identity_compressor_equals_pmean(devices, collective, fused):
     C.identity(), axis_name=runtime.AXES, collective=collective, fused=fused
   )
   grads = worker_grads()
-  out = Runner(tx, devices)(grads)
+  out = updates_of(make_run(tx, devices), grads)
   assert_all_workers(out, mean_of(grads))
 
 
@@ -80,7 +84,7 @@ def test_artopk_with_identical_gradients_is_topk_of_it(leader):
   tx = jd.sync.compressed_allreduce(
     C.topk(ratio=0.05), axis_name=runtime.AXES, collective='allreduce', leader=leader
   )
-  out = Runner(tx)(grads)
+  out = updates_of(make_run(tx), grads)
   flat = np.concatenate([np.asarray(grads[k][0]).ravel() for k in sorted(grads)])
   expected_flat = np.asarray(C.topk(ratio=0.05).roundtrip(jnp.asarray(flat)))
   got_flat = np.concatenate([np.asarray(out[k][0]).ravel() for k in sorted(out)])
@@ -98,10 +102,10 @@ def test_artopk_uses_the_star_leaders_indices():
   tx = jd.sync.compressed_allreduce(
     C.topk(ratio=0.05), axis_name=runtime.AXES, collective='allreduce'
   )
-  run = Runner(tx)
+  run = make_run(tx)
   leaves = lambda tree, w: np.concatenate([np.asarray(x[w]).ravel() for x in jax.tree.leaves(tree)])
   for step in range(3):  # leader = step mod N
-    out = run(grads)
+    out = updates_of(run, grads)
     lead = leaves(grads, step % W)
     kept = np.argsort(-np.abs(lead))[: C.num_kept(lead.size, 0.05)]
     expected = np.zeros_like(lead)
@@ -134,13 +138,12 @@ def test_error_feedback_conserves_mass(compressor, collective):
   itself on the wire (error no worker's residual can hold): bf16 tolerance.
   """
   tol = dict(atol=5e-2, rtol=2e-2) if isinstance(compressor, C.Cast) else dict(atol=2e-4, rtol=1e-4)
-  tx = jd.sync.compressed_allreduce(compressor, axis_name=runtime.AXES, collective=collective)
-  run = Runner(tx)
+  run = make_run(averaging(compressor, collective))
   low_rank = isinstance(compressor, C.PowerSGD)
   for step in range(3):
     grads = worker_grads(seed=step)
     old = [np.asarray(r) for r in run.state.residual]
-    out = run(grads)
+    out = updates_of(run, grads)
     new = [np.asarray(r) for r in run.state.residual]
     if low_rank:  # groups are the matrices (bias is sent dense)
       keys = ['conv', 'dense']
@@ -157,7 +160,7 @@ def test_error_feedback_conserves_mass(compressor, collective):
 def test_topk_residual_is_what_was_not_sent():
   grads = worker_grads(seed=5)
   tx = jd.sync.compressed_allreduce(C.topk(ratio=0.05), axis_name=runtime.AXES)
-  run = Runner(tx)
+  run = make_run(tx)
   run(grads)
   (residual,) = run.state.residual
   for w in range(W):
@@ -191,13 +194,10 @@ def numpy_powersgd(grads_w, steps, rank, q0):
 
 def test_powersgd_matches_a_numpy_reference():
   rank, steps = 2, 3
-  tx = jd.sync.compressed_allreduce(
-    C.powersgd(rank=rank), axis_name=runtime.AXES, collective='allreduce'
-  )
-  run = Runner(tx)
-  q0 = [np.asarray(q[0]) for q in run.state.compressor_state[0]]  # per matrix, in leaf order
+  run = make_run(jd.sync.powersgd(rank, axis_name=runtime.AXES))
+  q0 = [np.asarray(q[0]) for q in run.state.qs]  # per matrix, in leaf order
   all_grads = [worker_grads(seed=s) for s in range(steps)]
-  outs = [run(g) for g in all_grads]
+  outs = [updates_of(run, g) for g in all_grads]
   for j, key in enumerate(['conv', 'dense']):  # matrices in leaf order (bias stays dense)
     rows = int(np.prod(SHAPES[key][:-1]))
     gw = [
@@ -242,10 +242,9 @@ def bytes_by_kind(records):
   ids=lambda v: repr(v) if not isinstance(v, set) else '',
 )
 def test_lowered_hlo_sends_what_the_transform_reports(compressor, collective, kw, dtypes):
-  tx = jd.sync.compressed_allreduce(compressor, axis_name=runtime.AXES, collective=collective, **kw)
-  run = Runner(tx)
+  run = make_run(averaging(compressor, collective, **kw))
   grads = worker_grads()
-  found = run.lowered_collectives(grads)
+  found = lowered_collectives(run, grads)
   run(grads)
   reported = [t for t in comm.find_transfers(run.state) if int(t.count[0])]
   assert bytes_by_kind((c.kind, c.nbytes) for c in found) == bytes_by_kind(
@@ -261,9 +260,9 @@ def test_lowered_hlo_of_warmup_holds_every_stage_but_only_one_runs():
   tx = jd.sync.compressed_allreduce(
     C.topk(ratio=0.01), axis_name=runtime.AXES, warmup_steps=8, warmup_stages=4
   )
-  run = Runner(tx)
+  run = make_run(tx)
   grads = worker_grads()
-  found = run.lowered_collectives(grads)
+  found = lowered_collectives(run, grads)
   planned = comm.find_transfers(run.state)
   assert len(planned) == 5
   gathered = sorted(c.nbytes for c in found)
@@ -289,7 +288,7 @@ def test_auto_picks_the_cheaper_collective(network, ratio, expected):
   tx = jd.sync.compressed_allreduce(
     C.topk(ratio=ratio), axis_name=runtime.AXES, collective='auto', network=network
   )
-  run = Runner(tx)
+  run = make_run(tx)
   run(worker_grads())
   transfers = [jax.tree.map(lambda c: c[0], t) for t in comm.find_transfers(run.state)]
   assert {t.kind for t in transfers if int(t.count)} == {expected}
@@ -306,7 +305,7 @@ def test_dgc_momentum_correction_masks_sent_momentum():
   tx = jd.sync.compressed_allreduce(
     C.topk(ratio=0.05), axis_name=runtime.AXES, momentum_correction=0.9
   )
-  run = Runner(tx)
+  run = make_run(tx)
   run(grads)
   (u,) = run.state.momentum
   (residual,) = run.state.residual
@@ -324,7 +323,7 @@ def test_dgc_momentum_correction_masks_sent_momentum():
 
 def test_local_clip_scales_to_max_norm_over_sqrt_n():
   tx = jd.sync.local_clip(4.0, axis_name=runtime.AXES)
-  out = Runner(tx)(jax.tree.map(lambda g: 100 * g, worker_grads()))
+  out = updates_of(make_run(tx), jax.tree.map(lambda g: 100 * g, worker_grads()))
   for w in range(W):
     norm = np.sqrt(sum(float(np.sum(np.asarray(x[w]) ** 2)) for x in jax.tree.leaves(out)))
     np.testing.assert_allclose(norm, 4.0 / np.sqrt(W), rtol=1e-5)
@@ -342,8 +341,8 @@ def test_local_clip_scales_to_max_norm_over_sqrt_n():
       'qsgd payloads cannot be summed',
     ),
     (
-      lambda: jd.sync.compressed_allreduce(C.powersgd(), axis_name='data', collective='allgather'),
-      'powersgd payloads cannot be summed',
+      lambda: jd.sync.compressed_allreduce(C.powersgd(), axis_name='data'),
+      'compressed_allreduce does not take PowerSGD.*use jd.sync.powersgd',
     ),
     (
       lambda: jd.sync.compressed_allreduce(C.topk(ratio=0.1), axis_name='data', leader='max'),
@@ -392,5 +391,54 @@ def test_in_a_chain_the_optimizer_sees_the_compressed_mean():
     jd.sync.compressed_allreduce(C.identity(), axis_name=runtime.AXES), optax.sgd(0.5)
   )
   grads = worker_grads()
-  out = Runner(tx)(grads)
+  out = updates_of(make_run(tx), grads)
   assert_all_workers(out, jax.tree.map(lambda g: -0.5 * g, mean_of(grads)))
+
+
+# --- PowerSGD as its own transform -------------------------------------------------------
+
+
+def test_powersgd_start_step_is_dense_then_compresses_from_a_zero_residual():
+  """PyTorch's start_powerSGD_iter: two dense steps (the exact mean, one all-reduce of the
+  whole gradient), then PowerSGD from zero error memory and the initial Q, i.e. the first
+  compressed step equals a start_step=0 transform's first step."""
+  start = 2
+  run = make_run(jd.sync.powersgd(2, axis_name=runtime.AXES, start_step=start))
+  fresh = make_run(jd.sync.powersgd(2, axis_name=runtime.AXES))
+  q0 = [np.asarray(q) for q in run.state.qs]
+  for t in range(start):
+    grads = worker_grads(seed=t)
+    out = updates_of(run, grads)
+    assert_all_workers(out, mean_of(grads))
+    for r in run.state.residual:
+      np.testing.assert_array_equal(r, 0)
+  grads = worker_grads(seed=start)
+  got, want = updates_of(run, grads), updates_of(fresh, grads)
+  jax.tree.map(np.testing.assert_array_equal, got, want)
+  moved = [not np.array_equal(q, p) for q, p in zip(q0, run.state.qs, strict=True)]
+  assert all(moved)  # Q stayed the initial draw through the dense steps
+  # wire: P, Q, dense 1-D tensors, whole-gradient warm-up all-reduce
+  dense_model = 4 * sum(np.prod(s) for s in SHAPES.values())
+  assert comm.find_transfers(run.state)[-1].nbytes == dense_model
+  assert run.history == [[0, 0, 0, 1], [0, 0, 0, 1], [1, 1, 1, 0]]
+
+
+def test_powersgd_warmup_branch_really_skips_the_compressed_collectives():
+  run = make_run(jd.sync.powersgd(2, axis_name=runtime.AXES, start_step=3))
+  text = run.hlo(worker_grads())
+  branches = comm.hlo.conditional_branches(text)
+  found = comm.hlo.collectives(text)
+  assert found and all(c.computation in branches for c in found)
+
+
+@pytest.mark.parametrize(
+  'make, message',
+  [
+    (lambda: jd.sync.powersgd(0, axis_name='data'), 'rank must be >= 1, got 0'),
+    (lambda: jd.sync.powersgd(axis_name='data', start_step=-1), 'start_step must be >= 0'),
+    (lambda: jd.sync.powersgd(axis_name='data', min_size=-1), 'min_size must be >= 0'),
+  ],
+)
+def test_powersgd_bad_arguments_fail_at_construction(make, message):
+  with pytest.raises(ValueError, match=message):
+    make()

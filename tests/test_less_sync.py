@@ -272,6 +272,35 @@ def test_local_sgd_with_compressed_sync_conserves_what_it_does_not_send():
   assert float(jnp.abs(residual).max()) > 0  # the unsent part waits for the next sync
 
 
+@pytest.mark.parametrize('method', ['local_sgd', 'diloco', 'selsync'])
+def test_a_dense_averager_of_the_changes_equals_averaging_the_models(method):
+  """averager=allreduce averages each worker's change since the last sync and adds it to the
+  anchor: the same models as averaging them directly (up to rounding); its all-reduce runs
+  only on synchronising steps."""
+
+  def make(averager):
+    if method == 'local_sgd':
+      return optax.chain(optax.sgd(0.1), sync.local_sgd(3, axis_name=AX, averager=averager))
+    if method == 'diloco':
+      return optax.chain(optax.sgd(0.1), sync.diloco(period=3, axis_name=AX, averager=averager))
+    return sync.selsync(optax.sgd(0.1), 0.5, axis_name=AX, window=2, averager=averager)
+
+  dense, averaged = make_run(make(None), devices=2), make_run(make(sync.allreduce(axis_name=AX)))
+  assert_close(averaged.steps(7, grads_at), dense.steps(7, grads_at))
+  # the same steps synchronised (selsync's flag all-reduce is in the history too, in another place)
+  assert [sorted(h) for h in averaged.history] == [sorted(h) for h in dense.history]
+  assert 0 in [min(h) for h in dense.history]  # some steps stayed local
+
+
+def test_bucketed_allreduce_with_a_dense_averager_per_bucket_is_the_dense_mean():
+  buckets = [[1], [0]]
+  dense = make_run(optax.chain(sync.bucketed_allreduce(buckets, axis_name=AX), optax.sgd(0.1)))
+  tx = sync.bucketed_allreduce(buckets, axis_name=AX, averager=sync.allreduce(axis_name=AX))
+  averaged = make_run(optax.chain(tx, optax.sgd(0.1)))
+  assert_close(averaged.steps(3, grads_at), dense.steps(3, grads_at))
+  assert sorted(t.nbytes for t in comm.find_transfers(averaged.state)) == [4 * 4, 4 * 24]
+
+
 # --- bad input ---------------------------------------------------------------------------
 
 
@@ -300,6 +329,14 @@ def test_local_sgd_with_compressed_sync_conserves_what_it_does_not_send():
     (lambda: sync.gossip('ring', axis_name=AX, num_workers=1), 'needs at least 2 workers'),
     (lambda: sync.gossip('hypercube', axis_name=AX, num_workers=8), 'topology must be one of'),
     (lambda: sync.sma(-0.5, axis_name=AX), 'alpha must be >= 0'),
+    (
+      lambda: sync.local_sgd(2, axis_name=AX, averager=C.topk(ratio=0.1)),
+      'averager must be None or an optax.GradientTransformation',
+    ),
+    (
+      lambda: sync.bucketed_allreduce([[0]], axis_name=AX, averager='topk'),
+      'averager must be None or an optax.GradientTransformation',
+    ),
   ],
 )
 def test_bad_arguments_fail_at_construction(make, message):

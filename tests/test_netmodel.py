@@ -204,6 +204,18 @@ def test_table_vi_orderings_match_paper():
 # --- Transfer records --------------------------------------------------------------
 
 
+def test_sent_bytes_follow_bandwidth_optimal_algorithms():
+  n = 8
+  sent = lambda kind, op=None: netmodel.sent_bytes(comm.transfer(kind, 800, op=op), n)
+  assert sent('all-reduce') == pytest.approx(2 * 7 / 8 * 800)
+  assert sent('all-gather') == 7 * 800
+  assert sent('all-to-all') == pytest.approx(7 / 8 * 800)
+  assert sent('collective-permute') == 800
+  assert sent('all-reduce', 'broadcast') == pytest.approx(7 / 8 * 800)
+  assert netmodel.sent_bytes(comm.transfer('all-reduce', 800), 1) == 0
+  assert not hasattr(comm.Transfer, 'sent_bytes')  # the traffic factors live here only
+
+
 def test_allreduce_marked_broadcast_is_priced_as_broadcast():
   t = comm.transfer(comm.ALL_REDUCE, M, op='broadcast')
   for algorithm in netmodel.ALGORITHMS:

@@ -79,10 +79,10 @@ def powersgd(
   Example:
     >>> import jax.numpy as jnp, optax
     >>> from jaxdist import runtime, sync, testing
-    >>> tx = sync.powersgd(rank=1, axis_name=runtime.AXES)
+    >>> tx = optax.chain(sync.powersgd(rank=1, axis_name=runtime.AXES), optax.sgd(1.0))
     >>> run = testing.Run(tx, {'w': jnp.zeros((2, 2))}, workers=2)
     >>> g = jnp.array([[[1.0, 1.0], [1.0, 1.0]], [[3.0, 3.0], [3.0, 3.0]]])
-    >>> run({'w': g})['w'][0].round(4)  # a rank-1 mean is exact: params - mean
+    >>> run({'w': g})['w'][0].round(4)  # the mean is rank 1, so PowerSGD sends it exactly
     Array([[-2., -2.],
            [-2., -2.]], dtype=float32)
 
@@ -118,14 +118,15 @@ def powersgd(
   def init_fn(params):
     matrices, _, wire = layout(params)
     leaves = jax.tree.leaves(params)
-    base = jax.random.PRNGKey(seed)
+    key = jax.random.PRNGKey(seed)
+    zeros = tuple(jnp.zeros(leaves[i].shape, jnp.float32) for i in matrices)
     return PowerSGDState(
       count=jnp.zeros([], jnp.int32),
-      key=jax.random.PRNGKey(seed),
-      residual=tuple(jnp.zeros(leaves[i].shape, jnp.float32) for i in matrices)
-      if error_feedback
-      else (),
-      qs=tuple(c.init_q(leaves[j].shape, jax.random.fold_in(base, k)) for k, j in enumerate(matrices)),
+      key=key,
+      residual=zeros if error_feedback else (),
+      qs=tuple(
+        c.init_q(leaves[i].shape, jax.random.fold_in(key, j)) for j, i in enumerate(matrices)
+      ),
       wire=wire,
     )
 
