@@ -45,7 +45,7 @@ def main(argv):
   import jax.numpy as jnp
 
   import jaxdist as jd
-  from jaxdist.sync import bucketing
+  from jaxdist.netmodel import buckets as bucketing
   from jaxdist.train import report
 
   n = FLAGS.workers

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import optax
 
 from jaxdist import comm
@@ -27,16 +29,31 @@ def check_averager(averager: Any) -> None:
     )
 
 
-def init_averager(params: Any, averager: optax.GradientTransformation | None) -> Any:
-  """The averager's state (() when averaging densely)."""
-  return averager.init(params) if averager is not None else ()
-
-
 def dense_wire(params: Any, averager: optax.GradientTransformation | None) -> tuple:
   """The dense all-reduce of the model, not yet run (() with an averager)."""
   if averager is not None:
     return ()
   return (comm.transfer(comm.ALL_REDUCE, comm.tree_nbytes(params), 0),)
+
+
+def init_sync(params: Any, averager: optax.GradientTransformation | None) -> dict[str, Any]:
+  """The fields every synchronising method's state starts with.
+
+  count and synced at 0; the anchor (the model itself with an averager, ()
+  without); the averager's state; the dense model all-reduce (without one).
+  """
+  return dict(
+    count=jnp.zeros([], jnp.int32),
+    synced=jnp.zeros([], jnp.int32),
+    anchor=params if averager is not None else (),
+    averager=averager.init(params) if averager is not None else (),
+    wire=dense_wire(params, averager),
+  )
+
+
+def counted(state: Any, due: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(count, synced) after a step that synchronised if `due`."""
+  return optax.safe_increment(state.count), state.synced + due.astype(jnp.int32)
 
 
 def mean_fn(averager: optax.GradientTransformation | None, axis_name: comm.AxisName):

@@ -159,12 +159,76 @@ def compressed_allreduce(
   Returns:
     An `optax.GradientTransformation`; put it before the optimizer.
 
+  (Longer than 80 lines for its thirteen documented arguments; the steps are
+  the helpers below it.)
+
   References:
     Tyagi & Swany. Flexible Communication for Optimal Distributed Learning
     over Unpredictable Networks. IEEE BigData 2023 (AR-Top-k, α-β choice).
     Lin et al. Deep Gradient Compression. ICLR 2018 (momentum correction,
     warm-up). https://arxiv.org/abs/1712.01887
   """
+  _check(compressor, collective, leader, min_size, momentum_correction, error_feedback)
+  if algorithm not in netmodel.ALGORITHMS:
+    raise ValueError(f'algorithm must be one of {netmodel.ALGORITHMS}, got {algorithm!r}')
+  net = netmodel.profile(network) if isinstance(network, str) else network
+  stages, stage_of = _warmup(compressor, warmup_steps, warmup_stages)
+  options = _candidates(compressor) if collective == 'auto' else (collective,)
+  layout = lambda tree: _layout(tree, stages, options, fused, min_size, leader)
+
+  def init_fn(params):
+    plan, wire, dense = layout(params)
+    zeros = tuple(jnp.zeros((n,), jnp.float32) for n in plan.groups)
+    return CompressedState(
+      count=jnp.zeros([], jnp.int32),
+      key=jax.random.PRNGKey(seed),
+      residual=zeros if error_feedback else (),
+      momentum=zeros if momentum_correction else (),
+      compressor_state=tuple(tuple(c.init(n) for n in plan.groups) for c in stages),
+      wire=tuple(t for _, _, ts in wire for t in ts) + tuple(dense),
+    )
+
+  def update_fn(updates, state, params=None):
+    del params
+    plan, wire, dense = layout(updates)
+    n = comm.axis_size(axis_name)
+    leaves, treedef = jax.tree.flatten(updates)
+    chosen = options[0] if len(options) == 1 else _cheapest(wire, n, net, algorithm)
+    grads, ungroup = _groups(leaves, plan)
+    wanted, momentum = _accumulate(grads, state, momentum_correction, nesterov, error_feedback)
+    step_key = jax.random.fold_in(state.key, state.count)
+    branches = [
+      _stage_branch(s, stages, chosen, wire, step_key, axis_name, n, leader, state.count)
+      for s in range(len(stages))
+    ]
+    operands = (wanted, state.compressor_state)
+    if stage_of is None:
+      mean, local, mask, cstate, counts = branches[0](*operands)
+    else:
+      mean, local, mask, cstate, counts = lax.switch(stage_of(state.count), branches, *operands)
+    residual = tuple(w - lo for w, lo in zip(wanted, local, strict=True)) if error_feedback else ()
+    if momentum_correction:
+      momentum = tuple(jnp.where(m, 0.0, u) for m, u in zip(mask, momentum, strict=True))
+    out = list(leaves)
+    for i, x in zip(plan.compressed, ungroup(mean), strict=True):
+      out[i] = x.astype(leaves[i].dtype)
+    transfers = [comm.ran(t, counts[i]) for i, t in enumerate(t for _, _, ts in wire for t in ts)]
+    if plan.dense:
+      dense_mean, dense_t = comm.pmean([leaves[i] for i in plan.dense], axis_name)
+      assert dense_t.nbytes == dense[0].nbytes
+      for i, x in zip(plan.dense, dense_mean, strict=True):
+        out[i] = x
+      transfers.append(dense_t)
+    new_state = CompressedState(
+      optax.safe_increment(state.count), state.key, residual, momentum, cstate, tuple(transfers)
+    )
+    return jax.tree.unflatten(treedef, out), new_state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _check(compressor, collective, leader, min_size, momentum_correction, error_feedback) -> None:
+  """compressed_allreduce's argument checks (those that need no other state)."""
   if isinstance(compressor, PowerSGD):
     raise ValueError(
       'compressed_allreduce does not take PowerSGD, whose all-reduces sit inside its power '
@@ -187,129 +251,76 @@ def compressed_allreduce(
     raise ValueError(f'momentum_correction must be in [0, 1), got {momentum_correction}')
   if momentum_correction and not (error_feedback and getattr(compressor, 'sparse', False)):
     raise ValueError('momentum_correction needs a sparsifier and error_feedback=True (as in DGC)')
+
+
+def _warmup(compressor, warmup_steps: int, warmup_stages: int):
+  """DGC's warm-up: (the compressor of each stage, count -> stage index, or None without)."""
   if warmup_steps < 0 or warmup_stages < 1:
     raise ValueError(
       f'warmup_steps must be >= 0 and warmup_stages >= 1, got {warmup_steps}, {warmup_stages}'
     )
-  if algorithm not in netmodel.ALGORITHMS:
-    raise ValueError(f'algorithm must be one of {netmodel.ALGORITHMS}, got {algorithm!r}')
-  net = netmodel.profile(network) if isinstance(network, str) else network
+  if not warmup_steps:
+    return (compressor,), None
+  if not hasattr(compressor, 'ratio') or compressor.ratio is None:
+    raise ValueError(f'sparsity warm-up needs a compressor with a ratio, got {compressor!r}')
+  ratios = compress.warmup_ratios(compressor.ratio, warmup_stages)
+  stages = tuple(dataclasses.replace(compressor, ratio=r) for r in ratios)
+  per_stage = max(1, warmup_steps // warmup_stages)
+  return stages, lambda count: jnp.minimum(count // per_stage, warmup_stages)
 
-  if warmup_steps:
-    if not hasattr(compressor, 'ratio') or compressor.ratio is None:
-      raise ValueError(f'sparsity warm-up needs a compressor with a ratio, got {compressor!r}')
-    ratios = compress.warmup_ratios(compressor.ratio, warmup_stages)
-    stages = tuple(dataclasses.replace(compressor, ratio=r) for r in ratios)
-    per_stage = max(1, warmup_steps // warmup_stages)
-    stage_of = lambda count: jnp.minimum(count // per_stage, warmup_stages)
-  else:
-    stages = (compressor,)
-    stage_of = None
-  options = _candidates(compressor) if collective == 'auto' else (collective,)
 
-  def layout(tree):
-    plan = _plan(tree, fused, min_size)
-    for n in plan.groups:
-      for c in stages:
-        c.check(n)
-    wire = [
-      (s, col, _transfers(c, col, plan, leader)) for s, c in enumerate(stages) for col in options
-    ]
-    dense_bytes = comm.tree_nbytes([jax.tree.leaves(tree)[i] for i in plan.dense])
-    dense = [comm.transfer(comm.ALL_REDUCE, dense_bytes, 0)] if plan.dense else []
-    return plan, wire, dense
+def _layout(tree, stages, options, fused: bool, min_size: int, leader: str):
+  """(plan, [(stage, collective, its transfers)], [the dense all-reduce]) for `tree`."""
+  plan = _plan(tree, fused, min_size)
+  for n in plan.groups:
+    for c in stages:
+      c.check(n)
+  wire = [
+    (s, col, _transfers(c, col, plan, leader)) for s, c in enumerate(stages) for col in options
+  ]
+  dense_bytes = comm.tree_nbytes([jax.tree.leaves(tree)[i] for i in plan.dense])
+  dense = [comm.transfer(comm.ALL_REDUCE, dense_bytes, 0)] if plan.dense else []
+  return plan, wire, dense
 
-  def init_fn(params):
-    plan, wire, dense = layout(params)
-    zeros = tuple(jnp.zeros((n,), jnp.float32) for n in plan.groups)
-    cstate = tuple(tuple(c.init(n) for n in plan.groups) for c in stages)
-    return CompressedState(
-      count=jnp.zeros([], jnp.int32),
-      key=jax.random.PRNGKey(seed),
-      residual=zeros if error_feedback else (),
-      momentum=zeros if momentum_correction else (),
-      compressor_state=cstate,
-      wire=tuple(t for _, _, ts in wire for t in ts) + tuple(dense),
-    )
 
-  def update_fn(updates, state, params=None):
-    del params
-    plan, wire, dense = layout(updates)
-    n = comm.axis_size(axis_name)
-    leaves, treedef = jax.tree.flatten(updates)
-    chosen = options[0] if len(options) == 1 else _cheapest(wire, n)
+def _cheapest(wire, n: int, net: netmodel.Network, algorithm: str) -> str:
+  """The collective whose (first-stage) transfers cost least under the α-β model."""
+  cost = {}
+  for stage, col, ts in wire:
+    if stage == 0:
+      cost[col] = netmodel.comm_time(ts, n, net, algorithm, counts=[1] * len(ts))
+  return min(cost, key=cost.get)
 
-    # What this worker wants to get across: gradient (+ momentum) + memory.
-    grads, ungroup = _groups(leaves, plan)
-    momentum = state.momentum
-    if momentum_correction:
-      if nesterov:
-        momentum = tuple(
-          (u + g) * momentum_correction for u, g in zip(momentum, grads, strict=True)
-        )
-        grads = tuple(u + g for u, g in zip(momentum, grads, strict=True))
-      else:
-        momentum = tuple(momentum_correction * u + g for u, g in zip(momentum, grads, strict=True))
-        grads = momentum
-    wanted = (
-      tuple(g + r for g, r in zip(grads, state.residual, strict=True)) if error_feedback else grads
-    )
 
-    step_key = jax.random.fold_in(state.key, state.count)
-
-    def run_stage(s):
-      def branch(wanted, cstate):
-        c = stages[s]
-        keys = [_key(c, step_key, j, axis_name) for j in range(len(wanted))]
-        mean, local, mask, new_c = _exchange(
-          c, chosen, wanted, cstate[s], keys, axis_name, n, leader, state.count
-        )
-        cstate = tuple(new_c if i == s else cs for i, cs in enumerate(cstate))
-        counts = [int(ws == s and col == chosen) for ws, col, ts in wire for _ in ts]
-        return mean, local, mask, cstate, jnp.asarray(counts, jnp.int32)
-
-      return branch
-
-    branches = [run_stage(s) for s in range(len(stages))]
-    if stage_of is None:
-      mean, local, mask, cstate, counts = branches[0](wanted, state.compressor_state)
+def _accumulate(grads, state: CompressedState, momentum_correction, nesterov, error_feedback):
+  """What this worker wants to get across (gradient (+ momentum) + memory), and the momentum."""
+  momentum = state.momentum
+  if momentum_correction:
+    if nesterov:
+      momentum = tuple((u + g) * momentum_correction for u, g in zip(momentum, grads, strict=True))
+      grads = tuple(u + g for u, g in zip(momentum, grads, strict=True))
     else:
-      mean, local, mask, cstate, counts = lax.switch(
-        stage_of(state.count), branches, wanted, state.compressor_state
-      )
+      momentum = tuple(momentum_correction * u + g for u, g in zip(momentum, grads, strict=True))
+      grads = momentum
+  if error_feedback:
+    return tuple(g + r for g, r in zip(grads, state.residual, strict=True)), momentum
+  return grads, momentum
 
-    residual = tuple(w - lo for w, lo in zip(wanted, local, strict=True)) if error_feedback else ()
-    if momentum_correction:
-      momentum = tuple(jnp.where(m, 0.0, u) for m, u in zip(mask, momentum, strict=True))
 
-    out = list(leaves)
-    for i, x in zip(plan.compressed, ungroup(mean), strict=True):
-      out[i] = x.astype(leaves[i].dtype)
-    transfers = [comm.ran(t, counts[i]) for i, t in enumerate(t for _, _, ts in wire for t in ts)]
-    if plan.dense:
-      dense_mean, dense_t = comm.pmean([leaves[i] for i in plan.dense], axis_name)
-      assert dense_t.nbytes == dense[0].nbytes
-      for i, x in zip(plan.dense, dense_mean, strict=True):
-        out[i] = x
-      transfers.append(dense_t)
-    new_state = CompressedState(
-      count=optax.safe_increment(state.count),
-      key=state.key,
-      residual=residual,
-      momentum=momentum if momentum_correction else (),
-      compressor_state=cstate,
-      wire=tuple(transfers),
+def _stage_branch(s: int, stages, chosen, wire, step_key, axis_name, n, leader, count):
+  """The exchange with warm-up stage `s`'s compressor: one branch of a `lax.switch`."""
+
+  def branch(wanted, cstate):
+    c = stages[s]
+    keys = [_key(c, step_key, j, axis_name) for j in range(len(wanted))]
+    mean, local, mask, new_c = _exchange(
+      c, chosen, wanted, cstate[s], keys, axis_name, n, leader, count
     )
-    return jax.tree.unflatten(treedef, out), new_state
+    cstate = tuple(new_c if i == s else cs for i, cs in enumerate(cstate))
+    counts = [int(ws == s and col == chosen) for ws, col, ts in wire for _ in ts]
+    return mean, local, mask, cstate, jnp.asarray(counts, jnp.int32)
 
-  def _cheapest(wire, n):
-    cost = {}
-    for stage, col, ts in wire:
-      if stage == 0:
-        cost[col] = netmodel.comm_time(ts, n, net, algorithm, counts=[1] * len(ts))
-    return min(cost, key=cost.get)
-
-  return optax.GradientTransformation(init_fn, update_fn)
+  return branch
 
 
 def _groups(leaves, plan: _Plan):

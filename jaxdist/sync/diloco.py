@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import optax
 from jax import lax
 
@@ -78,7 +77,31 @@ def diloco(
   _averaging.check_period(period)
   _averaging.check_averager(averager)
   outer = outer_optimizer or optax.sgd(0.7, momentum=0.9, nesterov=True)
-  mean = _averaging.mean_fn(averager, axis_name)
+
+  sync, skip = _outer_step(outer, _averaging.mean_fn(averager, axis_name))
+
+  def init_fn(params):
+    fields = _averaging.init_sync(params, averager)
+    return DiLoCoState(**fields | dict(anchor=params, outer_state=outer.init(params)))
+
+  def update_fn(updates, state, params=None):
+    _averaging.needs_params('diloco', params)
+    due = comm.agree((state.count + 1) % period == 0, axis_name)
+    updates, anchor, outer_state, avg_state, wire = lax.cond(
+      due, sync, skip, params, updates, state.anchor, state.outer_state, state.averager, state.wire
+    )
+    count, synced = _averaging.counted(state, due)
+    return updates, DiLoCoState(count, synced, anchor, outer_state, avg_state, wire)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _outer_step(outer: optax.GradientTransformation, mean):
+  """The `lax.cond` branches (sync, skip) of DiLoCo's outer step.
+
+  Both map (params, updates, anchor, outer state, averager state, wire) to
+  (updates, anchor, outer state, averager state, wire).
+  """
 
   def sync(params, updates, anchor, outer_state, avg_state, wire):
     pseudo = optax.tree.sub(anchor, optax.apply_updates(params, updates))  # per worker
@@ -91,30 +114,4 @@ def diloco(
     del params
     return updates, anchor, outer_state, comm.silence(avg_state), comm.silence(wire)
 
-  def init_fn(params):
-    return DiLoCoState(
-      count=jnp.zeros([], jnp.int32),
-      synced=jnp.zeros([], jnp.int32),
-      anchor=params,
-      outer_state=outer.init(params),
-      averager=_averaging.init_averager(params, averager),
-      wire=_averaging.dense_wire(params, averager),
-    )
-
-  def update_fn(updates, state, params=None):
-    _averaging.needs_params('diloco', params)
-    due = comm.agree((state.count + 1) % period == 0, axis_name)
-    updates, anchor, outer_state, avg_state, wire = lax.cond(
-      due, sync, skip, params, updates, state.anchor, state.outer_state, state.averager, state.wire
-    )
-    new = DiLoCoState(
-      optax.safe_increment(state.count),
-      state.synced + due.astype(jnp.int32),
-      anchor,
-      outer_state,
-      avg_state,
-      wire,
-    )
-    return updates, new
-
-  return optax.GradientTransformation(init_fn, update_fn)
+  return sync, skip

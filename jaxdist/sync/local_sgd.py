@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import optax
 from jax import lax
 
@@ -92,13 +91,7 @@ def local_sgd(
   sync, skip = _averaging.model_sync(averager, axis_name)
 
   def init_fn(params):
-    return LocalSGDState(
-      count=jnp.zeros([], jnp.int32),
-      synced=jnp.zeros([], jnp.int32),
-      anchor=params if averager is not None else (),
-      averager=_averaging.init_averager(params, averager),
-      wire=_averaging.dense_wire(params, averager),
-    )
+    return LocalSGDState(**_averaging.init_sync(params, averager))
 
   def update_fn(updates, state, params=None):
     _averaging.needs_params('local_sgd', params)
@@ -107,13 +100,6 @@ def local_sgd(
     updates, anchor, avg_state, wire = lax.cond(
       due, sync, skip, params, updates, state.anchor, state.averager, state.wire
     )
-    new = LocalSGDState(
-      optax.safe_increment(state.count),
-      state.synced + due.astype(jnp.int32),
-      anchor,
-      avg_state,
-      wire,
-    )
-    return updates, new
+    return updates, LocalSGDState(*_averaging.counted(state, due), anchor, avg_state, wire)
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -86,6 +87,8 @@ def powersgd(
     Array([[-2., -2.],
            [-2., -2.]], dtype=float32)
 
+  (Longer than 80 lines only for its documentation; the steps are helpers.)
+
   References:
     Vogels, Karimireddy, Jaggi. PowerSGD: Practical Low-Rank Gradient
     Compression for Distributed Optimization. NeurIPS 2019.
@@ -98,22 +101,9 @@ def powersgd(
   if min_size < 0:
     raise ValueError(f'min_size must be >= 0, got {min_size}')
 
-  def layout(tree):
-    """(matrix leaf indices, dense leaf indices, transfers not yet run)."""
-    leaves = jax.tree.leaves(tree)
-    ok = lambda x: x.ndim >= 2 and x.size >= max(min_size, 1)
-    matrices = tuple(i for i, x in enumerate(leaves) if ok(x))
-    dense = tuple(i for i, x in enumerate(leaves) if not ok(x))
-    sizes = [c.wire_bytes(leaves[i].shape) for i in matrices]
-    wire = [
-      comm.transfer(comm.ALL_REDUCE, sum(p for p, _ in sizes), 0),
-      comm.transfer(comm.ALL_REDUCE, sum(q for _, q in sizes), 0),
-    ]
-    if dense:
-      wire.append(comm.transfer(comm.ALL_REDUCE, comm.tree_nbytes([leaves[i] for i in dense]), 0))
-    if start_step:
-      wire.append(comm.transfer(comm.ALL_REDUCE, comm.tree_nbytes(tree), 0))
-    return matrices, dense, tuple(wire)
+  layout = lambda tree: _layout(tree, c, min_size, start_step)
+  compressed = functools.partial(_compressed, c, layout, axis_name, error_feedback)
+  warmup = functools.partial(_warmup, layout, axis_name)
 
   def init_fn(params):
     matrices, _, wire = layout(params)
@@ -130,31 +120,6 @@ def powersgd(
       wire=wire,
     )
 
-  def compressed(updates, residual, qs, count, key):
-    matrices, dense, wire = layout(updates)
-    leaves, treedef = jax.tree.flatten(updates)
-    grads = [leaves[i].astype(jnp.float32) for i in matrices]
-    wanted = [g + r for g, r in zip(grads, residual, strict=True)] if error_feedback else grads
-    step_key = jax.random.fold_in(key, count)
-    approx, qs = _power_step(c, wanted, qs, axis_name, step_key)
-    residual = tuple(w - a for w, a in zip(wanted, approx, strict=True)) if error_feedback else ()
-    out = list(leaves)
-    for i, a in zip(matrices, approx, strict=True):
-      out[i] = a.astype(leaves[i].dtype)
-    if dense:
-      means, _ = comm.pmean([leaves[i] for i in dense], axis_name)
-      for i, x in zip(dense, means, strict=True):
-        out[i] = x
-    ran = [comm.ran(t, 1) for t in wire[: 3 if dense else 2]]
-    wire = (*ran, *comm.silence(wire[len(ran) :]))
-    return jax.tree.unflatten(treedef, out), residual, qs, wire
-
-  def warmup(updates, residual, qs, count, key):
-    del count, key
-    *_, wire = layout(updates)
-    mean, _ = comm.pmean(updates, axis_name)
-    return mean, residual, qs, (*comm.silence(wire[:-1]), comm.ran(wire[-1], 1))
-
   def update_fn(updates, state, params=None):
     del params
     args = (updates, state.residual, state.qs, state.count, state.key)
@@ -167,6 +132,57 @@ def powersgd(
     return out, new
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _layout(tree, c: PowerSGD, min_size: int, start_step: int):
+  """(matrix leaf indices, dense leaf indices, transfers not yet run) of `tree`.
+
+  The transfers: P's and Q's all-reduces, the dense tensors' (if any), the
+  whole gradient's (with a warm-up).
+  """
+  leaves = jax.tree.leaves(tree)
+  ok = lambda x: x.ndim >= 2 and x.size >= max(min_size, 1)
+  matrices = tuple(i for i, x in enumerate(leaves) if ok(x))
+  dense = tuple(i for i, x in enumerate(leaves) if not ok(x))
+  sizes = [c.wire_bytes(leaves[i].shape) for i in matrices]
+  wire = [
+    comm.transfer(comm.ALL_REDUCE, sum(p for p, _ in sizes), 0),
+    comm.transfer(comm.ALL_REDUCE, sum(q for _, q in sizes), 0),
+  ]
+  if dense:
+    wire.append(comm.transfer(comm.ALL_REDUCE, comm.tree_nbytes([leaves[i] for i in dense]), 0))
+  if start_step:
+    wire.append(comm.transfer(comm.ALL_REDUCE, comm.tree_nbytes(tree), 0))
+  return matrices, dense, tuple(wire)
+
+
+def _compressed(c: PowerSGD, layout, axis_name, error_feedback, updates, residual, qs, count, key):
+  """A PowerSGD step: (mean updates, residual, Qs, wire)."""
+  matrices, dense, wire = layout(updates)
+  leaves, treedef = jax.tree.flatten(updates)
+  grads = [leaves[i].astype(jnp.float32) for i in matrices]
+  wanted = [g + r for g, r in zip(grads, residual, strict=True)] if error_feedback else grads
+  step_key = jax.random.fold_in(key, count)
+  approx, qs = _power_step(c, wanted, qs, axis_name, step_key)
+  residual = tuple(w - a for w, a in zip(wanted, approx, strict=True)) if error_feedback else ()
+  out = list(leaves)
+  for i, a in zip(matrices, approx, strict=True):
+    out[i] = a.astype(leaves[i].dtype)
+  if dense:
+    means, _ = comm.pmean([leaves[i] for i in dense], axis_name)
+    for i, x in zip(dense, means, strict=True):
+      out[i] = x
+  ran = [comm.ran(t, 1) for t in wire[: 3 if dense else 2]]
+  wire = (*ran, *comm.silence(wire[len(ran) :]))
+  return jax.tree.unflatten(treedef, out), residual, qs, wire
+
+
+def _warmup(layout, axis_name, updates, residual, qs, count, key):
+  """A dense warm-up step: the whole gradient in one all-reduce; residual and Qs kept."""
+  del count, key
+  *_, wire = layout(updates)
+  mean, _ = comm.pmean(updates, axis_name)
+  return mean, residual, qs, (*comm.silence(wire[:-1]), comm.ran(wire[-1], 1))
 
 
 def _power_step(c: PowerSGD, matrices, qs, axis_name, step_key):

