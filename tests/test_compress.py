@@ -208,3 +208,11 @@ def test_bad_hyperparameters_fail_at_construction(make, message):
 def test_k_larger_than_the_tensor():
   with pytest.raises(ValueError, match=r'k=100 is larger than the tensor \(50 elements\)'):
     C.topk(k=100).check(50)
+
+
+def test_registry_is_every_public_compressor_by_its_name():
+  assert all(cls.name == name for name, cls in C.REGISTRY.items())
+  assert all(issubclass(cls, C.Compressor) for cls in C.REGISTRY.values())
+  assert {'identity', 'topk', 'dgc', 'qsgd', 'twobit', 'cast'} <= set(C.REGISTRY)
+  assert 'powersgd' not in C.REGISTRY  # a transform of its own: jd.sync.powersgd
+  assert 'compressor' not in C.REGISTRY  # no base or private classes

@@ -9,7 +9,8 @@ Every collective a transform issues is described by a `Transfer`: the HLO
 collective it lowers to, the bytes each worker contributes (its operand, the
 "payload"), and how many times it ran this step. Kind and size are static
 (pytree metadata, exact Python ints); only the count is traced, so a collective
-inside a skipped `lax.cond` branch counts zero.
+inside a skipped `lax.cond` branch counts zero. What a transfer costs on a
+network (bytes each worker sends, seconds) is `jaxdist.netmodel`'s business.
 """
 
 from __future__ import annotations

@@ -38,7 +38,6 @@ powersgd = PowerSGD
 twobit = TwoBit
 
 
-
 def _subclasses(cls: type[Compressor]) -> list[type[Compressor]]:
   return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
 

@@ -1,6 +1,6 @@
 """PowerSGD: rank-r approximation of each gradient matrix by one power iteration.
 
-Pure pieces only; `jaxdist.sync.compressed_allreduce` puts the two
+Pure pieces only; the transform `jaxdist.sync.powersgd` puts the two
 all-reduces between them:
 
   P = M Q;  P <- mean over workers;  P^ = orthogonalize(P)
