@@ -6,7 +6,7 @@ WORKDIR ?= workdir/digits
 CONFIG ?= configs/digits.py
 ARGS ?=
 
-.PHONY: run test lint format bench clean
+.PHONY: run test lint format bench results clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,21 @@ format: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) experiments/bench_step.py
+
+# The README's measured tables: each group of variants trained side by side, its markdown
+# table written to experiments/results/, then copied into README.md.
+RESULTS = $(PY) experiments/compare.py --config=configs/digits.py --workdir=workdir/results \
+	--config.progress=False
+results: $(VENV)/.installed
+	$(RESULTS) --only=dense,topk1_ef,artopk1,powersgd2,qsgd8,topk1_noef \
+	  --results=experiments/results/compression.md
+	$(RESULTS) --only=bsp,local4,local16,diloco8,selsync,selsync01,ssp2,async4,gossip_ring,sma \
+	  --results=experiments/results/less_sync.md
+	$(RESULTS) --only=bsp,od_sgd,ssd_sgd,cd_sgd,tick_tock,bucketed \
+	  --results=experiments/results/delay_tolerant.md
+	$(RESULTS) --only=bsp_lr05,delay2,delay2_sc,delay4,delay4_sc,delay4_lwp,delay4_sc_lwp \
+	  --results=experiments/results/pipeline.md
+	$(PY) experiments/readme_tables.py
 
 clean:
 	rm -rf $(VENV) workdir
