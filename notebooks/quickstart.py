@@ -41,6 +41,7 @@ import jax
 jax.config.update('jax_num_cpu_devices', 8)  # 8 CPU devices, before JAX starts
 
 # %matplotlib inline
+import jax.numpy as jnp
 import optax
 
 import jaxdist as jd
@@ -48,14 +49,21 @@ import jaxdist as jd
 # %% [markdown]
 # ## The library: an optax chain that communicates
 #
-# `allreduce` averages gradients over every worker named by `axis_name`;
-# `jd.runtime.layout` places 8 workers on the available devices (or simulates
-# them with `vmap` when there are fewer).
+# `compressed_allreduce` averages gradients over every worker named by
+# `axis_name`, here through Top-k 25% with error feedback; `jd.testing.Run`
+# applies a transform to 8 workers' parameters step by step (on the available
+# devices, or simulated with `vmap` on one), and records which collectives ran.
 
 # %%
-workers = jd.runtime.layout(8)
-print(f'{workers.count} workers = {workers.devices} devices x {workers.per_device} simulated')
-tx = optax.chain(jd.sync.allreduce(axis_name=workers.axis_name), optax.sgd(0.1, momentum=0.9))
+tx = optax.chain(
+  jd.sync.compressed_allreduce(jd.compress.topk(ratio=0.25), axis_name=jd.runtime.AXES),
+  optax.sgd(0.1),
+)
+run = jd.testing.Run(tx, {'w': jnp.zeros(8)}, workers=8)
+grads = {'w': jnp.arange(64.0).reshape(8, 8) / 64}  # a different gradient on each worker
+params = run(grads)
+print('every worker holds the same model:', bool(jnp.all(params['w'] == params['w'][0])))
+print('collectives this step:', [(t.kind, t.nbytes) for t in jd.comm.find_transfers(run.state)])
 
 # %% [markdown]
 # ## The experiment: a config, one call
