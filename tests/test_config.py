@@ -62,12 +62,7 @@ def test_a_key_that_is_not_an_argument_is_refused_by_name():
 
 def chain_of(**overrides):
   config = config_lib.base()
-  for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split('__')
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+  config.update_from_flattened_dict({k.replace('__', '.'): v for k, v in overrides.items()})
   return config
 
 

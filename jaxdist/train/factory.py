@@ -42,12 +42,7 @@ def load_config(spec: str, **overrides: Any) -> ml_collections.ConfigDict:
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
   config = module.get_config(arg or None)
-  for key, value in overrides.items():
-    *parents, leaf = key.split('.')
-    node = config
-    for parent in parents:
-      node = node[parent]
-    node[leaf] = value
+  config.update_from_flattened_dict(overrides)
   return config
 
 
