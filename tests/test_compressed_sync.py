@@ -300,6 +300,32 @@ def test_auto_picks_the_cheaper_collective(network, ratio, expected):
   assert (cost(gather) < cost(reduce)) == (expected == 'all-gather')
 
 
+def test_auto_chooses_the_collective_for_each_warmup_stage():
+  """Issue 10's example: Top-k 0.1% of 20,000 values, 8 workers, a 1 Gbit/s 25 µs ring, DGC's
+  warm-up over 8 steps in 4 stages (25%, 6.3%, 1.6%, 0.4%, then 0.1% kept). Every step runs the
+  collective the α-β model prices lower for the ratio then in force: AR-Top-k early, the
+  all-gather from the final ratio on (84 µs against 428 µs)."""
+  n, net = 20_000, jd.netmodel.gbps(1, 25e-6)
+  tx = jd.sync.compressed_allreduce(
+    C.topk(ratio=0.001), axis_name=runtime.AXES, collective='auto', network=net, warmup_steps=8
+  )
+  run = testing.Run(tx, {'x': jnp.zeros(n)}, workers=W, devices=1)
+  kinds = [t.kind for t in comm.find_transfers(run.state)]
+  g = {'x': jnp.asarray(np.random.default_rng(0).standard_normal((W, n)).astype(np.float32))}
+  ratios = C.warmup_ratios(0.001, 4)
+  picks = []
+  for step in range(12):
+    run(g)
+    k = C.topk(ratio=ratios[min(step // 2, 4)]).kept(n)
+    gather = jd.netmodel.allgather(8 * k, W, net)  # k float32 values and k int32 indices
+    artopk = jd.netmodel.artopk(4 * k, W, net)  # the leader's indices, then everybody's values
+    picks.append('all-gather' if gather < artopk else 'all-reduce')
+    ran = {kinds[i] for i, c in enumerate(run.history[-1]) if c}
+    assert ran == {picks[-1]}, f'step {step}: ran {ran}, model {gather=:.2e} {artopk=:.2e}'
+  assert picks[0] == 'all-reduce' and picks[-1] == 'all-gather'  # the choice really changes
+  assert (gather, artopk) == pytest.approx((84e-6, 428e-6), abs=1e-6)
+
+
 def test_dgc_momentum_correction_masks_sent_momentum():
   grads = worker_grads(seed=7)
   tx = jd.sync.compressed_allreduce(

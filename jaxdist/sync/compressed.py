@@ -12,7 +12,8 @@ workers of the compressed gradients, with one of these collectives:
   selected values have the largest norm), and every worker all-reduces its
   own values at those indices.
 - `auto`: whichever of the above costs less under the α-β network model for
-  the worker count and network profile, decided at trace time.
+  the worker count and network profile, decided at trace time for each
+  sparsity warm-up stage (each stage's ratio has its own cheapest).
 
 Error feedback keeps, per worker, what the worker did not get across (its
 input minus its own decoded contribution) and adds it to the next gradient.
@@ -135,7 +136,8 @@ def compressed_allreduce(
     compressor: a `jaxdist.compress` compressor.
     axis_name: the worker axis (or tuple of axes).
     collective: 'allgather', 'allreduce' (AR-Top-k for sparsifiers; payload
-      sums for summable compressors) or 'auto'.
+      sums for summable compressors) or 'auto'. 'auto' takes the one the α-β
+      model prices lower, for each warm-up stage's ratio on its own.
     error_feedback: keep what was not sent and add it to the next gradient.
     fused: compress the whole model as one flattened vector (as Tyagi &
       Swany do) rather than each tensor on its own.
@@ -193,12 +195,15 @@ def compressed_allreduce(
     plan, wire, dense = layout(updates)
     n = comm.axis_size(axis_name)
     leaves, treedef = jax.tree.flatten(updates)
-    chosen = options[0] if len(options) == 1 else _cheapest(wire, n, net, algorithm)
+    chosen = [
+      options[0] if len(options) == 1 else _cheapest(wire, s, n, net, algorithm)
+      for s in range(len(stages))
+    ]
     grads, ungroup = _groups(leaves, plan)
     wanted, momentum = _accumulate(grads, state, momentum_correction, nesterov, error_feedback)
     step_key = jax.random.fold_in(state.key, state.count)
     branches = [
-      _stage_branch(s, stages, chosen, wire, step_key, axis_name, n, leader, state.count)
+      _stage_branch(s, stages, chosen[s], wire, step_key, axis_name, n, leader, state.count)
       for s in range(len(stages))
     ]
     operands = (wanted, state.compressor_state)
@@ -283,11 +288,11 @@ def _layout(tree, stages, options, fused: bool, min_size: int, leader: str):
   return plan, wire, dense
 
 
-def _cheapest(wire, n: int, net: netmodel.Network, algorithm: str) -> str:
-  """The collective whose (first-stage) transfers cost least under the α-β model."""
+def _cheapest(wire, stage: int, n: int, net: netmodel.Network, algorithm: str) -> str:
+  """The collective whose transfers in warm-up stage `stage` cost least under the α-β model."""
   cost = {}
-  for stage, col, ts in wire:
-    if stage == 0:
+  for s, col, ts in wire:
+    if s == stage:
       cost[col] = netmodel.comm_time(ts, n, net, algorithm, counts=[1] * len(ts))
   return min(cost, key=cost.get)
 
