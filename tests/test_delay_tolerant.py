@@ -142,6 +142,58 @@ def test_ssd_sgd_takes_the_global_model_every_k_steps():
     assert agree == taken, t
 
 
+def test_ssd_sgd_waits_for_the_exchange_of_its_pull_steps():
+  """A pull step's ((t+1) % k == 0) global model is the next forward's: its all-reduce blocks.
+
+  history per step: [all-reduce waited for, all-reduce overlapped]; warm-up 2 steps, k = 3.
+  """
+  run = make_run(sync.ssd_sgd(SGDM(), LOCAL(), 3, axis_name=AX, warmup_steps=2))
+  run.steps(2 + 2 * 3, grads_at)
+  assert [t.overlap for t in comm.find_transfers(run.state)] == [False, True]
+  warmup, after = run.history[:2], run.history[2:]
+  assert warmup == [[1, 0], [1, 0]]
+  assert after == [[1, 0], [0, 1], [0, 1], [1, 0], [0, 1], [0, 1]]  # counts 2 and 5 pull
+
+
+def numpy_cd_sgd(grads_TxNxD, lr, tau, k, warmup_steps):
+  """CD-SGD without delay, by hand: every step the global SGD step on the mean of what was sent,
+  and every worker takes the new global model. Sent: the dense gradient in warm-up and every
+  k-th step (the residual kept), else MXNet's 2-bit code of gradient + residual (±τ or 0) with
+  error feedback."""
+  steps, workers, dim = grads_TxNxD.shape
+  w, residual_NxD, path = np.zeros(dim), np.zeros((workers, dim)), []
+  for t in range(steps):
+    g_NxD = grads_TxNxD[t]
+    if t < warmup_steps or t % k == 0:
+      sent_NxD = g_NxD
+    else:
+      wanted = g_NxD + residual_NxD
+      sent_NxD = np.where(wanted >= tau, tau, np.where(wanted <= -tau, -tau, 0.0))
+      residual_NxD = wanted - sent_NxD
+    w = w - lr * sent_NxD.mean(0)
+    path.append(w)
+  return path
+
+
+@pytest.mark.parametrize('workers, devices', [(3, 1), (4, 4)])
+def test_cd_sgd_without_delay_still_quantises_like_a_hand_simulation(workers, devices):
+  """delay=0, k=3, warm-up 2: dense at counts 0, 1 (warm-up), 3, 6; 2-bit at 2, 4, 5."""
+  lr, tau, k, warmup, steps = 0.5, 0.5, 3, 2, 7
+  grads = np.random.default_rng(5).normal(0, 0.6, (steps, workers, 5)).astype(np.float32)
+  want = numpy_cd_sgd(grads.astype(np.float64), lr, tau, k, warmup)
+  tx = sync.cd_sgd(
+    optax.sgd(lr), LOCAL(), k, axis_name=AX, threshold=tau, warmup_steps=warmup, delay=0
+  )
+  run = make_run(tx, devices=devices, params={'x': jnp.zeros(5)}, workers=workers)
+  transfers = comm.find_transfers(run.state)
+  for t in range(steps):
+    got = run({'x': jnp.asarray(grads[t])})['x']
+    np.testing.assert_allclose(got, np.broadcast_to(want[t], got.shape), atol=1e-6, err_msg=t)
+    ran = {(transfers[i].kind, transfers[i].overlap) for i, c in enumerate(run.history[-1]) if c}
+    dense = t < warmup or t % k == 0
+    assert ran == {('all-reduce' if dense else 'all-gather', False)}, t  # no delay: waited for
+
+
 def test_cd_sgd_sends_2bit_codes_and_a_dense_correction_every_k():
   run = make_run(sync.cd_sgd(SGDM(), LOCAL(), 3, axis_name=AX, warmup_steps=1, threshold=0.5))
   run.steps(7, grads_at)

@@ -117,29 +117,32 @@ def _delayed(
   def update_fn(grads, state, params=None):
     if params is None:
       raise ValueError('delayed SGD needs params: call update(grads, state, params)')
-    synchronous = (delay == 0) | (state.count < warmup_steps)
+    warm = state.count < warmup_steps
+    # take this step's global model, so the next forward waits for this step's exchange:
+    # in warm-up, without delay, and on SSD-SGD's pull steps
+    take = (delay == 0) | warm
+    if ssd:
+      take = take | ((state.count + 1) % pull_every == 0)
+    take = comm.agree(take, axis_name)
     if exchange is None:
       mean, sent = comm.pmean(grads, axis_name)
-      wire = (comm.ran(sent, synchronous), comm.overlapped(comm.ran(sent, ~synchronous)))
+      wire = (comm.ran(sent, take), comm.overlapped(comm.ran(sent, ~take)))
       ex_state = ()
     else:
-      mean, ex_state = exchange.mean(grads, state.exchange, state.count, synchronous)
+      mean, ex_state = exchange.mean(grads, state.exchange, state.count, warm, take)
       wire = ()
     global_updates, global_state = global_optimizer.update(
       mean, state.global_state, state.global_params
     )
     new_global = optax.apply_updates(state.global_params, global_updates)
     if ssd:  # continue locally from here; GLU compensates against the last global model taken
-      take = synchronous | ((state.count + 1) % pull_every == 0)
       base, reference = params, state.reference
       local_grads = _compensate(grads, reference, params, compensation)
     else:  # the previous global model plus a local step (one-step delay)
-      take = synchronous
       base, reference = state.global_params, ()
       local_grads = _compensate(grads, params, base, compensation)
     local_updates, local_state = local_optimizer.update(local_grads, state.local_state, base)
     stepped = optax.apply_updates(base, local_updates)
-    take = comm.agree(take, axis_name)
     new_local = jax.tree.map(lambda g, s: jnp.where(take, g, s), new_global, stepped)
     if ssd:
       reference = jax.tree.map(lambda g, r: jnp.where(take, g, r), new_global, reference)
@@ -232,25 +235,28 @@ def ssd_sgd(
 
 class _Exchange(NamedTuple):
   init: Any
-  mean: Any  # (grads, state, count, synchronous) -> (mean, state)
+  mean: Any  # (grads, state, count, warm, take) -> (mean, state)
 
 
-def _cd_exchange(k: int, threshold: float, axis_name, flush: bool) -> _Exchange:
-  """2-bit quantised exchange with error feedback; dense every k-th step.
+def _cd_exchange(k: int, threshold: float, axis_name, flush: bool, hidden: bool) -> _Exchange:
+  """2-bit quantised exchange with error feedback; dense in warm-up and every k-th step.
 
   The dense correction carries the quantisation residual too if `flush`.
 
   State: (the quantised exchange's state, whose transfers are marked
-  overlapped; (dense exchange waited for, dense exchange overlapped)).
+  overlapped if `hidden` (one-step delay: the 2-bit steps come after the
+  warm-up and are never waited for); (dense exchange waited for, dense
+  exchange overlapped)).
   """
   quantised = compressed_allreduce(TwoBit(threshold), axis_name=axis_name, collective='allgather')
+  mark = comm.overlapped if hidden else lambda tree: tree
 
   def init(params):
     dense = comm.transfer(comm.ALL_REDUCE, comm.tree_nbytes(params), 0)
-    return comm.overlapped(quantised.init(params)), (dense, comm.overlapped(dense))
+    return mark(quantised.init(params)), (dense, comm.overlapped(dense))
 
-  def mean(grads, state, count, synchronous):
-    q_state, (blocking, hidden) = state
+  def mean(grads, state, count, warm, take):
+    q_state, (blocking, overlapped) = state
 
     def dense(grads, q_state):
       flat, unravel = ravel_pytree(grads)
@@ -264,11 +270,11 @@ def _cd_exchange(k: int, threshold: float, axis_name, flush: bool) -> _Exchange:
 
     def quantise(grads, q_state):
       out, q_state = quantised.update(grads, q_state)
-      return out, comm.overlapped(q_state)
+      return out, mark(q_state)
 
-    dense_now = comm.agree(synchronous | (count % k == 0), axis_name)
+    dense_now = comm.agree(warm | (count % k == 0), axis_name)
     out, q_state = lax.cond(dense_now, dense, quantise, grads, q_state)
-    wire = (comm.ran(blocking, dense_now & synchronous), comm.ran(hidden, dense_now & ~synchronous))
+    wire = (comm.ran(blocking, dense_now & take), comm.ran(overlapped, dense_now & ~take))
     return out, (q_state, wire)
 
   return _Exchange(init, mean)
@@ -318,5 +324,5 @@ def cd_sgd(
     delay=delay,
     pull_every=1,
     compensation=compensation,
-    exchange=_cd_exchange(k, threshold, axis_name, flush_residual),
+    exchange=_cd_exchange(k, threshold, axis_name, flush_residual, hidden=delay == 1),
   )
