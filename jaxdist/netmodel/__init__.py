@@ -1,7 +1,9 @@
 """α-β network cost model: what a step's communication would take on a real network.
 
 Also the bytes each worker sends (`sent_bytes`) and gradient-bucket planning
-(`threshold_buckets`, `mgwfbp_buckets`, `timeline`, from `buckets`).
+(`threshold_buckets`, `mgwfbp_buckets`, `timeline`, from `buckets`), and a
+heterogeneous cluster with a modelled clock per worker (`Cluster`,
+`WorkerClock`, `simulate`, from `cluster`).
 """
 
 from jaxdist.netmodel.buckets import (
@@ -15,6 +17,7 @@ from jaxdist.netmodel.buckets import (
   timeline,
 )
 from jaxdist.netmodel.calibrate import calibrate
+from jaxdist.netmodel.cluster import H_LEVELS, WAITS, Cluster, Timeline, WorkerClock, simulate
 from jaxdist.netmodel.model import (
   ALGORITHMS,
   PROFILES,
@@ -40,10 +43,15 @@ from jaxdist.netmodel.model import (
 
 __all__ = [
   'ALGORITHMS',
+  'H_LEVELS',
   'PROFILES',
+  'WAITS',
   'Buckets',
+  'Cluster',
   'Network',
   'Schedule',
+  'Timeline',
+  'WorkerClock',
   'adopt_c1',
   'allgather',
   'allreduce',
@@ -64,6 +72,7 @@ __all__ = [
   'profile',
   'resolve',
   'sent_bytes',
+  'simulate',
   'step_time',
   'threshold_buckets',
   'timeline',
