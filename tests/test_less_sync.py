@@ -153,7 +153,14 @@ def test_diloco_golden_trajectory_two_workers_constant_gradients():
 
 @pytest.mark.parametrize(
   'topology, n, devices',
-  [('ring', 8, 8), ('ring', 8, 2), ('exponential', 8, 2), ('torus', 9, 3), ('ring', 2, 2)],
+  [
+    ('ring', 8, 8),
+    ('ring', 8, 2),
+    ('exponential', 8, 2),
+    ('exponential', 6, 3),  # 3 offsets (1, 2, 4): weight 1/(⌈log2 6⌉ + 1) = 1/4
+    ('torus', 9, 3),
+    ('ring', 2, 2),
+  ],
 )
 def test_gossip_mixes_with_the_doubly_stochastic_matrix(topology, n, devices):
   matrix = sync.mixing_matrix(topology, n)
@@ -168,6 +175,51 @@ def test_gossip_mixes_with_the_doubly_stochastic_matrix(topology, n, devices):
   np.testing.assert_allclose(got, matrix @ np.asarray(x), atol=1e-6)
   kinds = {t.kind for t in comm.find_transfers(run.state)}
   assert kinds == {'collective-permute'}  # neighbours only
+
+
+@pytest.mark.parametrize('n, devices', [(8, 8), (8, 2), (6, 3), (2, 2)])
+def test_one_peer_exponential_gossip_mixes_with_w_t_one_permute_a_step(n, devices):
+  """Step t mixes with the one peer i − 2^(t mod ⌈log2 N⌉), weights 1/2: x(t+1) = W_t x(t)."""
+  x = jnp.asarray(np.random.default_rng(3).standard_normal((n, 5)).astype(np.float32))
+  tx = sync.gossip('one_peer_exponential', axis_name=AX, num_workers=n)
+  run = make_run(tx, devices=devices, params={'x': jnp.zeros(5)}, workers=n)
+  run.params = {'x': x}
+  period = (n - 1).bit_length()  # ⌈log2 N⌉ offsets: 1, 2, 4, ...
+  for t in range(period + 2):
+    matrix = sync.mixing_matrix('one_peer_exponential', n, step=t)
+    np.testing.assert_allclose(matrix.sum(0), 1)
+    np.testing.assert_allclose(matrix.sum(1), 1)
+    offset = 2 ** (t % period)
+    from_peer = np.roll(np.eye(n), -offset, axis=1)  # row i picks worker i - offset
+    np.testing.assert_array_equal(matrix, (np.eye(n) + from_peer) / 2)
+    before = np.asarray(run.params['x'])
+    got = run({'x': jnp.zeros((n, 5))})['x']  # zero local step: pure mixing
+    np.testing.assert_allclose(got, matrix @ before, atol=1e-6, err_msg=f'step {t}')
+  (sent,) = comm.find_transfers(run.state)
+  assert (sent.kind, sent.nbytes) == ('collective-permute', 4 * 5)
+  assert run.history == [[1]] * (period + 2)  # one permute of the model per step
+
+
+@pytest.mark.parametrize('n', [2, 4, 8, 16, 6, 12])
+def test_one_peer_exponential_averages_exactly_over_log2_n_steps_for_powers_of_two(n):
+  """Ying et al. 2021: a period of log2 N one-peer exponential graphs multiplies to 11ᵀ/N."""
+  period = (n - 1).bit_length()
+  product = np.eye(n)
+  for t in range(period):
+    product = sync.mixing_matrix('one_peer_exponential', n, step=t) @ product
+  exact = np.allclose(product, np.full((n, n), 1 / n))
+  assert exact == (n & (n - 1) == 0)  # and not otherwise (6, 12)
+
+
+def test_one_peer_exponential_runs_one_permute_in_a_switch_branch():
+  tx = sync.gossip('one_peer_exponential', axis_name=AX, num_workers=W)
+  run = make_run(tx, params={'x': jnp.zeros(5)})
+  text = run.hlo({'x': jnp.zeros((W, 5))})
+  found = comm.hlo.collectives(text)
+  branches = comm.hlo.conditional_branches(text)
+  assert [c.kind for c in found] == ['collective-permute'] * 3  # offsets 1, 2 and 4
+  assert all(c.nbytes == 4 * 5 and c.computation in branches for c in found)
+  assert len({c.computation for c in found}) == 3  # one per branch: only one of them runs
 
 
 def test_gossip_mixing_shrinks_disagreement_but_keeps_the_mean():
