@@ -4,15 +4,18 @@ One module per method: `allreduce`, `compressed` (`compressed_allreduce`),
 `powersgd`, `bucketing` (`bucketed_allreduce`), `local_sgd`, `diloco`,
 `selsync`, `sma`, `gossip`, `stale` (`stale_sync`, `ssp`, `async_sgd`),
 `delay_tolerant` (`od_sgd`, `ssd_sgd`, `cd_sgd`), `pipeline` (gradient delay
-and its compensations) and `tick_tock`. Bucket planning lives in
+and its compensations) and `tick_tock`. Wrappers that keep workers in step:
+`finite` (`skip_nonfinite`) and `accumulate` (gradient accumulation). Bucket planning lives in
 `jaxdist.netmodel`.
 """
 
+from jaxdist.sync.accumulate import AccumulateState, accumulate
 from jaxdist.sync.allreduce import AllReduceState, allreduce
 from jaxdist.sync.bucketing import BucketedState, bucketed_allreduce
 from jaxdist.sync.compressed import CompressedState, compressed_allreduce, local_clip
 from jaxdist.sync.delay_tolerant import DelayedState, cd_sgd, od_sgd, ssd_sgd
 from jaxdist.sync.diloco import DiLoCoState, diloco
+from jaxdist.sync.finite import SkipNonfiniteState, all_finite, skip_nonfinite
 from jaxdist.sync.gossip import GossipState, gossip, mixing_matrix
 from jaxdist.sync.local_sgd import LocalSGDState, local_sgd
 from jaxdist.sync.pipeline import (
@@ -31,6 +34,7 @@ from jaxdist.sync.stale import StaleState, async_sgd, ssp, stale_sync
 from jaxdist.sync.tick_tock import TickTockState, tick_tock
 
 __all__ = [
+  'AccumulateState',
   'AllReduceState',
   'BucketedState',
   'CompressedState',
@@ -43,9 +47,12 @@ __all__ = [
   'PredictionState',
   'SMAState',
   'SelSyncState',
+  'SkipNonfiniteState',
   'SpikeState',
   'StaleState',
   'TickTockState',
+  'accumulate',
+  'all_finite',
   'allreduce',
   'async_sgd',
   'bucketed_allreduce',
@@ -62,6 +69,7 @@ __all__ = [
   'od_sgd',
   'powersgd',
   'selsync',
+  'skip_nonfinite',
   'sma',
   'spike_compensation',
   'ssd_sgd',

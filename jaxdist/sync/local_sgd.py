@@ -85,8 +85,7 @@ def local_sgd(
     ICLR 2020 (post-local SGD). https://arxiv.org/abs/1808.07217
   """
   _averaging.check_period(period)
-  if warmup_steps < 0:
-    raise ValueError(f'warmup_steps must be >= 0, got {warmup_steps}')
+  _averaging.check('warmup_steps', warmup_steps, lambda w: w >= 0, '>= 0')
   _averaging.check_averager(averager)
   sync, skip = _averaging.model_sync(averager, axis_name)
 

@@ -37,6 +37,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxdist.sync import _averaging
+
 
 def _delays(delay, tree) -> Any:
   """`delay` (an int, 'stages', or a pytree of ints matching `tree`) as a pytree of ints."""
@@ -90,8 +92,7 @@ def spike_compensation(delay: int | Any, momentum: float) -> optax.GradientTrans
     momentum: m in [0, 1).
   """
   _validate(delay)
-  if not 0 <= momentum < 1:
-    raise ValueError(f'momentum must be in [0, 1), got {momentum}')
+  _averaging.check('momentum', momentum, lambda m: 0 <= m < 1, 'in [0, 1)')
 
   def init_fn(params):
     return SpikeState(jax.tree.map(jnp.zeros_like, params))
@@ -101,10 +102,8 @@ def spike_compensation(delay: int | Any, momentum: float) -> optax.GradientTrans
     delays = _delays(delay, updates)
     velocity = jax.tree.map(lambda v, g: momentum * v + g, state.velocity, updates)
 
-    def direction(v, g, d):
-      a = momentum**d
-      b = (1 - momentum**d) / (1 - momentum) if momentum else float(d > 0)
-      return a * v + b * g
+    def direction(v, g, d):  # m = 0: 0^0 = 1, so b = 1 - 0^d = [d > 0]
+      return momentum**d * v + (1 - momentum**d) / (1 - momentum) * g
 
     return jax.tree.map(direction, velocity, updates, delays), SpikeState(velocity)
 

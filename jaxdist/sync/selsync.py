@@ -52,12 +52,9 @@ def _push(buffer: jax.Array, value: jax.Array) -> jax.Array:
 
 
 def _check(threshold: float, window: int, alpha: float, norm: str) -> None:
-  if threshold < 0:
-    raise ValueError(f'threshold must be >= 0, got {threshold}')
-  if window < 1:
-    raise ValueError(f'window must be >= 1, got {window}')
-  if not 0 <= alpha < 1:
-    raise ValueError(f'alpha must be in [0, 1), got {alpha}')
+  _averaging.check('threshold', threshold, lambda t: t >= 0, '>= 0')
+  _averaging.check('window', window, lambda w: w >= 1, '>= 1')
+  _averaging.check('alpha', alpha, lambda a: 0 <= a < 1, 'in [0, 1)')
   gradient_norm(jnp.zeros(1), norm)  # validates `norm`
 
 

@@ -59,10 +59,8 @@ def sma(
     (equations follow the authors' code, lsds/Crossbow; the paper's exact
     form was not verified.)
   """
-  if alpha < 0:
-    raise ValueError(f'alpha must be >= 0, got {alpha}')
-  if not 0 <= momentum < 1:
-    raise ValueError(f'momentum must be in [0, 1), got {momentum}')
+  _averaging.check('alpha', alpha, lambda a: a >= 0, '>= 0')
+  _averaging.check('momentum', momentum, lambda m: 0 <= m < 1, 'in [0, 1)')
 
   def init_fn(params):
     return SMAState(params, params, (comm.transfer(comm.ALL_REDUCE, comm.tree_nbytes(params), 0),))
