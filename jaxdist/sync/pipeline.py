@@ -90,6 +90,24 @@ def spike_compensation(delay: int | Any, momentum: float) -> optax.GradientTrans
     delay: D: an int, a pytree of ints (per parameter), or 'stages' (one
       pipeline stage per top-level layer, see `stage_delays`).
     momentum: m in [0, 1).
+
+  Returns:
+    An `optax.GradientTransformation`; chain it with `optax.scale(-lr)`.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> from jaxdist import sync, testing
+    >>> tx = optax.chain(sync.spike_compensation(2, 0.5), optax.scale(-1.0))
+    >>> run = testing.Run(tx, {'x': jnp.zeros(())}, workers=1)
+    >>> run({'x': jnp.ones(1)})['x']  # the spike: 0.5²·1 + (1 − 0.5²)/(1 − 0.5)·1
+    Array([-1.75], dtype=float32)
+    >>> run.steps(30, lambda t: {'x': jnp.zeros(1)})['x'].round(4)  # total 1/(1 − m)
+    Array([-2.], dtype=float32)
+
+  Reference:
+    Kosson, Chiley, Venigalla, Hestness, Köster. Pipelined Backpropagation
+    at Scale: Training Large Models without Batches. MLSys 2021.
+    https://arxiv.org/abs/2003.11666
   """
   _validate(delay)
   _averaging.check('momentum', momentum, lambda m: 0 <= m < 1, 'in [0, 1)')
@@ -130,6 +148,24 @@ def linear_weight_prediction(delay: int | Any) -> optax.GradientTransformation:
 
   Args:
     delay: D, an int or a pytree of ints (per parameter).
+
+  Returns:
+    An `optax.GradientTransformation`; put it after the optimizer.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> from jaxdist import sync, testing
+    >>> tx = optax.chain(optax.sgd(1.0), sync.linear_weight_prediction(1))
+    >>> run = testing.Run(tx, {'x': jnp.zeros(())}, workers=1)
+    >>> run({'x': jnp.ones(1)})['x']  # ŵ = w + D·u = −1 + 1·(−1)
+    Array([-2.], dtype=float32)
+    >>> run.state[1].weights['x']  # the true weights w
+    Array([-1.], dtype=float32)
+
+  Reference:
+    Kosson, Chiley, Venigalla, Hestness, Köster. Pipelined Backpropagation
+    at Scale: Training Large Models without Batches. MLSys 2021.
+    https://arxiv.org/abs/2003.11666
   """
   _validate(delay)
 
@@ -160,12 +196,31 @@ class GradientDelayState(NamedTuple):
 def gradient_delay(delay: int | Any) -> optax.GradientTransformation:
   """Passes on each gradient D steps late (zeros while the pipeline fills).
 
-  Put it before the optimizer to train as if every gradient were computed on
-  weights D steps old. D may differ per parameter (a pytree of ints), as in
-  a pipeline where stages nearer the input wait longer.
+  u(t) = g(t − D) for t ≥ D, 0 before. Put it before the optimizer to train
+  as if every gradient were computed on weights D steps old. D may differ
+  per parameter (a pytree of ints), as in a pipeline where stages nearer the
+  input wait longer.
 
   Args:
     delay: D, an int or a pytree of ints (per parameter).
+
+  Returns:
+    An `optax.GradientTransformation`; put it before the optimizer.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> from jaxdist import sync, testing
+    >>> tx = optax.chain(sync.gradient_delay(1), optax.sgd(1.0))
+    >>> run = testing.Run(tx, {'x': jnp.zeros(())}, workers=1)
+    >>> run({'x': jnp.array([1.0])})['x']  # the pipeline fills
+    Array([0.], dtype=float32)
+    >>> run({'x': jnp.array([2.0])})['x']  # step 1's gradient arrives
+    Array([-1.], dtype=float32)
+
+  Reference:
+    Kosson, Chiley, Venigalla, Hestness, Köster. Pipelined Backpropagation
+    at Scale: Training Large Models without Batches. MLSys 2021.
+    https://arxiv.org/abs/2003.11666
   """
   _validate(delay)
 

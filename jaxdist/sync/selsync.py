@@ -103,7 +103,15 @@ def selsync(
   `threshold`. Flags go through a 4-byte all-reduce; if any worker flagged,
   all average their parameters after the local step (parameter aggregation,
   the paper's "PA"), otherwise the step stays local. During the first
-  `window` steps every step synchronises, as in the authors' code.
+  `window` steps every step synchronises.
+
+  That warm-up departs from the authors' code by one step: there the global
+  step counts from 1 and the smoothed δ is consulted from step `window` on,
+  so `window − 1` steps are forced (selsync_imgclassifier.py, `globalstep >=
+  windowsize`), and the first δ of its window is measured against a
+  placeholder previous norm of 1.0. Here the first step's change is defined
+  as 0 (it has no predecessor), so forcing `window` steps makes the first
+  threshold decision use `window` relative changes between real norms.
 
   Defaults follow the authors' code (sahiltyagi4/SelSync): norm = sum of
   per-layer L2 norms, not squared; smoothing = weighted mean of the last 25

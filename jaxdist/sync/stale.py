@@ -61,6 +61,14 @@ def stale_sync(
 ) -> optax.GradientTransformation:
   """Applies each worker's gradient τ ∈ [0, max_delay] steps late.
 
+  Worker n's gradient of step t, g_n(t), arrives τ_n(t) ≤ s steps later;
+  each step, every worker applies what arrived from all workers,
+
+    u_n(t) = (1/N) Σ_m Σ_{t' : t' + τ_m(t') = t} g_m(t'),
+
+  with one all-reduce of the arrivals. With `read_my_writes` (SSP), worker
+  n's own term is g_n(t) at once instead of on arrival.
+
   Args:
     max_delay: the staleness bound s (0 = synchronous).
     axis_name: the worker axis (or tuple of axes).
@@ -72,6 +80,23 @@ def stale_sync(
 
   Returns:
     An `optax.GradientTransformation`; put it before the optimizer.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> from jaxdist import runtime, sync, testing
+    >>> stale = sync.stale_sync(1, axis_name=runtime.AXES, delays='fixed')
+    >>> run = testing.Run(optax.chain(stale, optax.sgd(1.0)), {'x': jnp.zeros(())}, workers=2)
+    >>> run({'x': jnp.array([1.0, 3.0])})['x']  # in flight: nothing applied yet
+    Array([0., 0.], dtype=float32)
+    >>> run({'x': jnp.array([5.0, 7.0])})['x']  # step 1's mean, 2, arrives
+    Array([-2., -2.], dtype=float32)
+
+  References:
+    Ho et al. More Effective Distributed ML via a Stale Synchronous Parallel
+    Parameter Server. NeurIPS 2013.
+    https://proceedings.neurips.cc/paper/2013/hash/b7bb35b9c6ca2aee2df08cf09d7016c2-Abstract.html
+    Zhang, Gupta, Lian, Liu. Staleness-aware Async-SGD for Distributed Deep
+    Learning. IJCAI 2016. https://arxiv.org/abs/1511.05950
   """
   if max_delay < 0:
     raise ValueError(f'max_delay (staleness) must be >= 0, got {max_delay}')
@@ -127,8 +152,35 @@ def stale_sync(
 def ssp(staleness: int, *, axis_name: comm.AxisName, seed: int = 0) -> optax.GradientTransformation:
   """Stale-synchronous parallel: others' gradients up to `staleness` steps late, own at once.
 
-  Reference: Ho et al. More Effective Distributed ML via a Stale Synchronous
-  Parallel Parameter Server. NeurIPS 2013.
+  `stale_sync(staleness, delays='uniform', read_my_writes=True)`: worker n
+  applies u_n(t) = (1/N) (g_n(t) + Σ_{m≠n} Σ_{t' : t' + τ_m(t') = t} g_m(t')),
+  τ uniform on {0..staleness}, so workers' models differ by at most the
+  gradients still in flight.
+
+  Args:
+    staleness: the bound s (0 = synchronous).
+    axis_name: the worker axis (or tuple of axes).
+    seed: seed of the delays.
+
+  Returns:
+    An `optax.GradientTransformation`; put it before the optimizer.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> from jaxdist import runtime, sync, testing
+    >>> tx = optax.chain(sync.ssp(2, axis_name=runtime.AXES), optax.sgd(1.0))
+    >>> run = testing.Run(tx, {'x': jnp.zeros(())}, workers=2)
+    >>> x = run.steps(4, lambda t: {'x': jnp.array([1.0, 3.0])})['x']
+    >>> bool(x[0] != x[1])  # own gradients at once, others' late: models differ
+    True
+    >>> _ = run.steps(3, lambda t: {'x': jnp.zeros(2)})  # drain the mailboxes
+    >>> run.params['x']  # every gradient applied once by everyone: 4 x mean 2
+    Array([-8., -8.], dtype=float32)
+
+  Reference:
+    Ho et al. More Effective Distributed ML via a Stale Synchronous Parallel
+    Parameter Server. NeurIPS 2013.
+    https://proceedings.neurips.cc/paper/2013/hash/b7bb35b9c6ca2aee2df08cf09d7016c2-Abstract.html
   """
   return stale_sync(
     staleness, axis_name=axis_name, delays='uniform', read_my_writes=True, seed=seed
@@ -140,8 +192,35 @@ def async_sgd(
 ) -> optax.GradientTransformation:
   """Asynchronous SGD through a parameter server: geometric delays up to `max_delay`.
 
-  Reference: Dean et al. Large Scale Distributed Deep Networks (Downpour
-  SGD). NeurIPS 2012; delays modelled as in Zhang et al.'s staleness-aware
-  async SGD (IJCAI 2016).
+  `stale_sync(max_delay, delays='geometric', p=p)`: every worker applies the
+  same arrivals, u(t) = (1/N) Σ_m Σ_{t' : t' + τ_m(t') = t} g_m(t') with
+  P(τ = d) ∝ p(1 − p)^d, d ≤ max_delay, so all models stay equal and each
+  gradient was computed on a model up to `max_delay` steps old.
+
+  Args:
+    max_delay: the staleness bound.
+    axis_name: the worker axis (or tuple of axes).
+    p: parameter of the geometric delays.
+    seed: seed of the delays.
+
+  Returns:
+    An `optax.GradientTransformation`; put it before the optimizer.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> from jaxdist import runtime, sync, testing
+    >>> tx = optax.chain(sync.async_sgd(2, axis_name=runtime.AXES), optax.sgd(1.0))
+    >>> run = testing.Run(tx, {'x': jnp.zeros(())}, workers=2)
+    >>> x = run.steps(4, lambda t: {'x': jnp.array([1.0, 3.0])})['x']
+    >>> bool(x[0] == x[1])  # one shared model
+    True
+    >>> run.steps(3, lambda t: {'x': jnp.zeros(2)})['x']  # drained: 4 x mean 2
+    Array([-8., -8.], dtype=float32)
+
+  References:
+    Dean et al. Large Scale Distributed Deep Networks (Downpour SGD).
+    NeurIPS 2012. https://papers.nips.cc/paper/4687-large-scale-distributed-deep-networks
+    Zhang, Gupta, Lian, Liu. Staleness-aware Async-SGD for Distributed Deep
+    Learning. IJCAI 2016 (the delay model). https://arxiv.org/abs/1511.05950
   """
   return stale_sync(max_delay, axis_name=axis_name, delays='geometric', p=p, seed=seed)

@@ -54,9 +54,13 @@ def tick_tock(
 
   Wraps the optimizer. Per step, each wave's mean gradient updates the shared
   model in turn (tick, then tock); each worker's next forward pass uses the
-  model right after its own wave's update. The waves' gradients travel in
-  one all-reduce of `waves` × the model (each worker contributes to its own
-  wave's slot).
+  model right after its own wave's update:
+
+    for k = 0..waves−1:  w <- w + opt(ḡ_k),  ḡ_k = mean of wave k's gradients;
+    worker n (in wave k = n mod waves) continues from w after update k.
+
+  The waves' gradients travel in one all-reduce of `waves` × the model (each
+  worker contributes to its own wave's slot).
 
   Args:
     optimizer: the optimizer of the shared model.
@@ -77,6 +81,8 @@ def tick_tock(
   Reference:
     Wang, Wang, Jiang, Li, Stoica. Wavelet: Efficient DNN Training with
     Tick-Tock Scheduling. MLSys 2021.
+    https://proceedings.mlsys.org/paper_files/paper/2021/hash/099268c3121d49937a67a052c51f865d-Abstract.html
+    (this form is the library's reading; see the module docstring.)
   """
   if waves < 1:
     raise ValueError(f'waves must be >= 1, got {waves}')
