@@ -160,6 +160,12 @@ def test_neighbours_wait_only_for_the_models_they_receive():
   # t0: (0.2, 0.2, 0.1, 0.2); t1: ready (0.3, 0.3, 0.2, 0.4) -> (0.4, 0.4, 0.3, 0.4)
   t = run(c, steps=2, wait='neighbours', neighbours=mixing_matrix('exponential', 4))
   np.testing.assert_allclose(t.finish_s, [[0.2, 0.2, 0.1, 0.2], [0.4, 0.4, 0.3, 0.4]])
+  # a topology that changes every step: one peer, 4 workers: from k - 1, then k - 2, ...
+  # t0 (from k-1): ready (0.1, 0.1, 0.1, 0.2) -> (0.2, 0.1, 0.1, 0.2)
+  # t1 (from k-2): ready (0.3, 0.2, 0.2, 0.4) -> (0.3, 0.4, 0.3, 0.4)
+  one_peer = lambda t: mixing_matrix('one_peer_exponential', 4, step=t)
+  t = run(c, steps=2, wait='neighbours', neighbours=one_peer)
+  np.testing.assert_allclose(t.finish_s, [[0.2, 0.1, 0.1, 0.2], [0.3, 0.4, 0.3, 0.4]])
   complete = run(c, steps=3, wait='neighbours', neighbours=mixing_matrix('complete', 4))
   np.testing.assert_allclose(complete.finish_s, run(c, steps=3).finish_s)  # == BSP
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -277,8 +277,10 @@ class WorkerClock:
     wait: 'bsp', 'periodic', 'ssp', 'async' or 'neighbours'.
     staleness: S of 'ssp': how many steps a worker may run ahead of the slowest.
     neighbours: of 'neighbours': a [K, K] mixing matrix (worker k waits for j
-      where W[k, j] != 0, e.g. `jd.sync.mixing_matrix('ring', K)`), or the
-      offsets of `comm.shift` (worker k waits for k − offset).
+      where W[k, j] != 0, e.g. `jd.sync.mixing_matrix('ring', K)`), the
+      offsets of `comm.shift` (worker k waits for k − offset), or a function
+      of the step giving either, for a topology that changes every step
+      (`lambda t: jd.sync.mixing_matrix('one_peer_exponential', K, step=t)`).
     start_step: the first step's index (phases and straggler draws follow it).
 
   Attributes:
@@ -301,7 +303,7 @@ class WorkerClock:
     *,
     wait: str = 'bsp',
     staleness: int = 0,
-    neighbours: Sequence | np.ndarray | None = None,
+    neighbours: Sequence | np.ndarray | Callable[[int], Sequence | np.ndarray] | None = None,
     start_step: int = 0,
   ):
     if wait not in WAITS:
@@ -315,7 +317,9 @@ class WorkerClock:
     self.cluster, self.per_example_s, self.wait = cluster, per_example_s, wait
     self.staleness = int(staleness)
     k = cluster.num_workers
-    self._waits_for = _in_neighbours(neighbours, k) if wait == 'neighbours' else None
+    self._neighbours = neighbours if callable(neighbours) else None
+    fixed = wait == 'neighbours' and not callable(neighbours)
+    self._waits_for = _in_neighbours(neighbours, k) if fixed else None
     self.step = start_step
     self.finish_s = np.zeros(k)
     self.wait_s = np.zeros(k)
@@ -358,7 +362,10 @@ class WorkerClock:
     elif self.wait == 'ssp':
       finish = np.maximum(self.finish_s, self._done[0]) + own
     elif self.wait == 'neighbours':
-      finish = np.where(self._waits_for, ready[None, :], -np.inf).max(axis=1)
+      waits = self._waits_for
+      if self._neighbours is not None:
+        waits = _in_neighbours(self._neighbours(self.step), len(ready))
+      finish = np.where(waits, ready[None, :], -np.inf).max(axis=1)
     else:  # async, or a periodic step that does not synchronise
       finish = ready
     self.wait_s = finish - ready  # idle time of each worker this step
