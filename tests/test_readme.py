@@ -7,7 +7,8 @@ from conftest import REPO
 
 
 def test_readme_tables_equal_the_committed_results_files():
-  readme = open(os.path.join(REPO, 'README.md')).read()
+  with open(os.path.join(REPO, 'README.md')) as f:
+    readme = f.read()
   blocks = re.findall(r'<!-- results: ([\w.-]+) -->\n(.*?)<!-- /results -->', readme, re.S)
   assert blocks, 'README.md has no generated results blocks'
   for name, body in blocks:
@@ -24,7 +25,8 @@ def test_readme_tables_equal_the_committed_results_files():
 def test_every_results_file_says_its_command_machine_and_date():
   folder = os.path.join(REPO, 'experiments', 'results')
   for name in sorted(os.listdir(folder)):
-    text = open(os.path.join(folder, name)).read()
+    with open(os.path.join(folder, name)) as f:
+      text = f.read()
     assert re.search(
       r'Command: `python experiments/\w+\.py .*`; machine: .+; date: \d{4}-', text
     ), name
