@@ -7,14 +7,18 @@ A worker does not wait for that update before its next forward pass. It
 runs on the previous global model plus a *local* update with its own
 gradient (a separate local optimizer), so the exchange overlaps the next
 step's compute: the transfers are marked `overlap` for the network model.
-Warm-up steps, and delay 0, are plain synchronous SGD.
+Warm-up steps are plain synchronous SGD. A step whose global model the
+workers take at once (warm-up, delay 0, SSD-SGD's pull steps) waits for its
+exchange: those transfers are charged as blocking.
 
 - OD-SGD: one-step delay: w_local <- w_global(t-1) + local step(g_t).
 - SSD-SGD: workers take the global model only every k steps; in between they
   step locally with the global-gradient local update (GLU), here DC-ASGD's
   compensation g + λ g⊙g⊙(w − w_ref) with w_ref the last global model taken.
 - CD-SGD: OD-SGD whose gradient exchange is 2-bit threshold quantised with
-  error feedback, with a dense correction every k steps.
+  error feedback, with a dense correction every k steps. Delay and
+  compression are independent: delay 0 takes the new global model at once
+  over the same quantised exchange.
 
 The papers' full texts were not available; these follow the authors' MXNet
 code as summarised in this project's research notes (`[CODE]` there). Where
@@ -185,6 +189,27 @@ def od_sgd(
       gap between the weights it was computed on and the global model it is
       applied to (0 = off; the authors recommend a DC-ASGD-like local
       optimizer, λ 0.04).
+
+  Returns:
+    An `optax.GradientTransformation` in place of the optimizer (it needs
+    `params`): its updates move each worker to w_global(t−1) + local step.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> from jaxdist import runtime, sync, testing
+    >>> tx = sync.od_sgd(optax.sgd(1.0), optax.sgd(0.5), axis_name=runtime.AXES, warmup_steps=1)
+    >>> run = testing.Run(tx, {'x': jnp.zeros(())}, workers=2)
+    >>> g = {'x': jnp.array([1.0, 3.0])}
+    >>> run(g)['x']  # warm-up: synchronous SGD on the mean gradient 2
+    Array([-2., -2.], dtype=float32)
+    >>> run(g)['x']  # w_global(0) - 0.5 g_own, while w_global(1) = -2 - 2
+    Array([-2.5, -3.5], dtype=float32)
+    >>> run.history  # the all-reduce, [waited for, overlapped]
+    [[1, 0], [0, 1]]
+
+  References:
+    Xu et al. OD-SGD: One-step Delay Stochastic Gradient Descent for
+    Distributed Training. https://arxiv.org/abs/2005.06728
   """
   return _delayed(
     global_optimizer,
@@ -208,10 +233,14 @@ def ssd_sgd(
 ) -> optax.GradientTransformation:
   """SSD-SGD: gradients pushed every step; the global model taken every k steps.
 
-  Between takes, workers update locally with the global-gradient local
-  update (GLU). GLU's exact formula was not available; this uses the
-  DC-ASGD compensation found in the authors' code, g + λ g⊙g⊙(w − w_ref),
-  w_ref the last global model taken. k = 1 is synchronous SGD.
+  w_global(t) = global step on mean_n g_n(t), every step; a worker takes
+  w_local(t+1) = w_global(t) on pull steps ((t+1) mod k = 0), and else
+  w_local(t+1) = w_local(t) + local step(GLU(g(t))). Between takes, workers
+  update locally with the global-gradient local update (GLU). GLU's exact
+  formula was not available; this uses the DC-ASGD compensation found in
+  the authors' code, g + λ g⊙g⊙(w − w_ref), w_ref the last global model
+  taken. k = 1 is synchronous SGD. A pull step's all-reduce is waited for
+  (the next forward needs its result); the others overlap the next step.
 
   Args:
     global_optimizer: the server's optimizer.
@@ -220,6 +249,32 @@ def ssd_sgd(
     axis_name: the worker axis (or tuple of axes).
     warmup_steps: synchronous steps first (the authors' code: 500).
     compensation: λ of the GLU compensation (DC-ASGD's default 0.04).
+
+  Returns:
+    An `optax.GradientTransformation` in place of the optimizer (it needs
+    `params`): its updates move each worker to its local model, and to the
+    global model on pull steps.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> from jaxdist import runtime, sync, testing
+    >>> tx = sync.ssd_sgd(
+    ...   optax.sgd(1.0), optax.sgd(0.5), 2, axis_name=runtime.AXES, warmup_steps=0,
+    ...   compensation=0.0)
+    >>> run = testing.Run(tx, {'x': jnp.zeros(())}, workers=2)
+    >>> g = {'x': jnp.array([1.0, 3.0])}
+    >>> run(g)['x']  # a local step: -0.5 g_own
+    Array([-0.5, -1.5], dtype=float32)
+    >>> run(g)['x']  # pull step: the global model, 0 - 2 - 2
+    Array([-4., -4.], dtype=float32)
+    >>> run.history  # the all-reduce, [waited for, overlapped]: the pull step waits
+    [[0, 1], [1, 0]]
+
+  References:
+    Xu et al. SSD-SGD: Communication Sparsification for Distributed Deep
+    Learning Training. https://arxiv.org/abs/2012.05396
+    Zheng et al. Asynchronous Stochastic Gradient Descent with Delay
+    Compensation. ICML 2017. https://arxiv.org/abs/1609.08326
   """
   _check('k', k, 1)
   return _delayed(
@@ -300,7 +355,16 @@ def cd_sgd(
   residual was not verified: by default it does not (the residual keeps
   draining through the 2-bit steps); `flush_residual=True` sends it with the
   correction. The one-step delay hides the exchange behind the next step's
-  compute, as in OD-SGD. delay 0 with k = 1 is synchronous SGD.
+  compute, as in OD-SGD:
+
+    w_global(t) = global step on mean_n ĝ_n(t), ĝ = g in warm-up and when
+      t mod k = 0, else Q(g + r) with r <- g + r − Q(g + r);
+    w_local(t+1) = w_global(t−1) + local step(g(t))   (delay 1)
+    w_local(t+1) = w_global(t)                        (delay 0).
+
+  Delay and compression are independent: delay 0 still quantises (except
+  every k-th step), and waits for each exchange; delay 0 with k = 1 is
+  synchronous SGD.
 
   Args:
     global_optimizer: the server's optimizer.
@@ -312,6 +376,28 @@ def cd_sgd(
     delay: 1, or 0 for no delay.
     compensation: λ of a DC-ASGD correction of the local gradient.
     flush_residual: the dense correction also sends the residual.
+
+  Returns:
+    Like `od_sgd`: a transform in place of the optimizer, which needs `params`.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> from jaxdist import runtime, sync, testing
+    >>> tx = sync.cd_sgd(optax.sgd(1.0), optax.sgd(0.5), 2, axis_name=runtime.AXES,
+    ...   threshold=1.0, warmup_steps=0)
+    >>> run = testing.Run(tx, {'x': jnp.zeros(())}, workers=2)
+    >>> for step in range(2):  # dense (t mod 2 = 0), then 2-bit; workers: w_global(t-1) - 0.5 g_own
+    ...   print(run({'x': jnp.array([0.4, 1.6])})['x'])
+    [-0.2 -0.8]
+    [-1.2 -1.8]
+    >>> run.state.global_params['x']  # -1 - mean(Q(0.4), Q(1.6)) = -1 - (0 + 1) / 2
+    Array([-1.5, -1.5], dtype=float32)
+    >>> run.history  # [2-bit all-gather, dense waited for, dense overlapped]
+    [[0, 0, 1], [1, 0, 0]]
+
+  References:
+    Yu et al. CD-SGD: Distributed Stochastic Gradient Descent with
+    Compression and Delay Compensation. https://arxiv.org/abs/2106.10796
   """
   _check('k', k, 1)
   if threshold <= 0:
