@@ -32,6 +32,7 @@ from jaxdist.sync.selsync import SelSyncState, gradient_norm, selsync
 from jaxdist.sync.sma import SMAState, sma
 from jaxdist.sync.stale import StaleState, async_sgd, ssp, stale_sync
 from jaxdist.sync.tick_tock import TickTockState, tick_tock
+from jaxdist.sync.weighted import WeightedState, weighted_allreduce
 
 __all__ = [
   'AccumulateState',
@@ -51,6 +52,7 @@ __all__ = [
   'SpikeState',
   'StaleState',
   'TickTockState',
+  'WeightedState',
   'accumulate',
   'all_finite',
   'allreduce',
@@ -77,4 +79,5 @@ __all__ = [
   'stage_delays',
   'stale_sync',
   'tick_tock',
+  'weighted_allreduce',
 ]
