@@ -468,3 +468,16 @@ def test_powersgd_warmup_branch_really_skips_the_compressed_collectives():
 def test_powersgd_bad_arguments_fail_at_construction(make, message):
   with pytest.raises(ValueError, match=message):
     make()
+
+
+@pytest.mark.parametrize('devices', [8, 1], ids=['8-devices', '8-simulated'])
+def test_warmup_stages_are_real_branches_on_simulated_workers_too(devices):
+  # Under vmap a per-worker stage index would turn the switch into a select that runs
+  # every stage's collectives; the index is agreed across workers, so each stays a branch.
+  tx = jd.sync.compressed_allreduce(
+    C.topk(ratio=0.01), axis_name=runtime.AXES, warmup_steps=8, warmup_stages=4
+  )
+  text = make_run(tx, devices=devices).hlo(worker_grads())
+  branches = comm.hlo.conditional_branches(text)
+  found = comm.hlo.collectives(text)
+  assert found and all(c.computation in branches for c in found)

@@ -238,7 +238,9 @@ def compressed_allreduce(
     if stage_of is None:
       mean, local, mask, cstate, counts = branches[0](*operands)
     else:
-      mean, local, mask, cstate, counts = lax.switch(stage_of(state.count), branches, *operands)
+      mean, local, mask, cstate, counts = lax.switch(
+        comm.agree(stage_of(state.count), axis_name), branches, *operands
+      )
     residual = tuple(w - lo for w, lo in zip(wanted, local, strict=True)) if error_feedback else ()
     if momentum_correction:
       momentum = tuple(jnp.where(m, 0.0, u) for m, u in zip(mask, momentum, strict=True))
