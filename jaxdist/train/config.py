@@ -102,7 +102,8 @@ def sync() -> ml_collections.ConfigDict:
     outer_optimizer=optimizer('sgd', 0.7, momentum=0.9, nesterov=True),
     averager='',
   )
-  s.gossip = dict(topology='ring', rows=None)  # ring | torus | exponential | complete
+  # ring | torus | exponential | one_peer_exponential (SGP's time-varying graph) | complete
+  s.gossip = dict(topology='ring', rows=None)
   s.sma = dict(alpha=0.125, momentum=0.9)
   # Methods that take the local optimizer as their first argument.
   s.selsync = dict(
