@@ -84,5 +84,7 @@ def test_ledger_prices_each_step_by_hand():
   assert r['modelled_s@net'] == pytest.approx(0.002 + ring)
   r = book.record(2, [0, 8])  # only the overlapped all-gather: hidden up to the compute
   gather = 3 * 1e-3 + 7 * 1_000_000 / 1e9  # α·log N + (N-1)·M/B
-  assert r['synced'] == 0 and r['comm_s@net'] == 0
+  assert r['synced'] == 1 and r['comm_s@net'] == 0  # a collective of the largest size ran
   assert r['modelled_s@net'] == pytest.approx(0.002 + max(0.0, gather - 0.002))
+  flags = comm.transfer(comm.ALL_REDUCE, 4, 0)  # e.g. SelSync's flags: not a sync
+  assert ledger.Ledger([flags, t_ar], 8, {}, 'ring', 0.0).record(3, [8, 0])['synced'] == 0

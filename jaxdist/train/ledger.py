@@ -41,9 +41,10 @@ class Ledger:
     self.networks = dict(networks)
     self.algorithm = algorithm
     self.compute_s = compute_s
-    # a step "synchronised" if its largest collective ran (not, say, SelSync's 4-byte flags)
-    sizes = [t.nbytes for t in self.transfers]
-    self._biggest = sizes.index(max(sizes)) if sizes else None
+    # a step "synchronised" if a collective of the largest size ran (not, say, SelSync's
+    # 4-byte flags); OD-SGD's waited-for and overlapped exchanges are both that size
+    largest = max((t.nbytes for t in self.transfers), default=None)
+    self._largest = [i for i, t in enumerate(self.transfers) if t.nbytes == largest]
 
   def record(self, step: int, counts: Sequence[int]) -> dict[str, Any]:
     """The ledger's fields of step `step` (1-based) whose collectives ran `counts` times in all."""
@@ -53,7 +54,7 @@ class Ledger:
     out: dict[str, Any] = {
       'payload_bytes': comm.total_bytes(self.transfers, counts) / n,
       'sent_bytes': sum(netmodel.sent_bytes(t, n) * c for t, c in pairs) / n,
-      'synced': int(self._biggest is not None and counts[self._biggest] > 0),
+      'synced': int(any(counts[i] > 0 for i in self._largest)),
     }
     for name, net in self.networks.items():
       net = netmodel.network_at(net, step - 1)
