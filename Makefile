@@ -44,6 +44,9 @@ results: $(VENV)/.installed
 	  --results=experiments/results/delay_tolerant.md
 	$(RESULTS) --only=bsp_lr05,delay2,delay2_sc,delay4,delay4_sc,delay4_lwp,delay4_sc_lwp \
 	  --results=experiments/results/pipeline.md
+	$(RESULTS) --only=bsp,local4,ssp2,async4,gossip_ring --config.cluster.straggler_p=0.1 \
+	  --config.cluster.straggler_slowdown=4 --config.cluster.price=1 \
+	  --results=experiments/results/stragglers.md
 	$(PY) experiments/readme_tables.py
 
 clean:

@@ -127,3 +127,12 @@ def test_both_configs_build_on_the_one_base():
     config = factory.load_config(os.path.join(REPO, 'configs', name))
     assert set(config.keys()) == set(base.keys()), name
     assert config.sync == base.sync and config.compress == base.compress, name
+
+
+def test_cluster_section_keys_are_the_cluster_arguments_and_all_of_them():
+  from jaxdist import netmodel
+
+  keys = set(config_lib.cluster())
+  fields = {f.name for f in dataclasses.fields(netmodel.Cluster)}
+  assert keys == fields | {'cores'}  # cores: netmodel.Cluster.from_cores
+  assert 'cores' in arguments(netmodel.Cluster.from_cores)

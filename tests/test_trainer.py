@@ -88,3 +88,79 @@ def test_ledger_prices_each_step_by_hand():
   assert r['modelled_s@net'] == pytest.approx(0.002 + max(0.0, gather - 0.002))
   flags = comm.transfer(comm.ALL_REDUCE, 4, 0)  # e.g. SelSync's flags: not a sync
   assert ledger.Ledger([flags, t_ar], 8, {}, 'ring', 0.0).record(3, [8, 0])['synced'] == 0
+
+
+# --- a heterogeneous cluster on the modelled clock ------------------------------------------
+
+
+def cluster_config(workers=3, **cluster):
+  config = config_lib.base()
+  config.workers = workers
+  config.cluster.update(cluster)
+  return config
+
+
+def test_no_cluster_by_default_and_clear_errors_naming_the_key():
+  assert factory.build_cluster(config_lib.cluster(), 8) is None
+  c = factory.build_cluster(cluster_config(cores='h2').cluster, 3)
+  assert c.speeds == pytest.approx((9 / 13, 12 / 13, 18 / 13))
+  c = factory.build_cluster(cluster_config(speeds='1,1,0.25', phases='5:1,1,1;5:1,1,4').cluster, 3)
+  assert c.phases == ((5, (1.0, 1.0, 1.0)), (5, (1.0, 1.0, 4.0)))
+  bad = [
+    (dict(cores='h2'), 8, r'config.cluster: the cluster describes 3 workers .* run has 8'),
+    (dict(speeds='1,0'), 2, r'config.cluster: speeds must all be > 0'),
+    (dict(speeds='1,x'), 2, r'config.cluster.speeds must be comma-separated numbers'),
+    (dict(speeds='1,1', cores='1,1'), 2, 'give speeds or cores, not both'),
+    (dict(straggler_p=1.5), 2, r'config.cluster: straggler_p must be in \[0, 1\]'),
+    (dict(phases='5-1,1'), 2, r"config.cluster.phases: phase 0 must be 'steps:factor"),
+  ]
+  for cluster, workers, message in bad:
+    with pytest.raises(ValueError, match=message):
+      factory.build_cluster(cluster_config(**cluster).cluster, workers)
+
+
+def records(steps, comm_s, synced=None):
+  return [
+    {'step': t + 1, 'comm_s@net': comm_s, 'synced': 1 if synced is None else synced[t]}
+    for t in range(steps)
+  ]
+
+
+def test_equal_speeds_replay_today_s_clock():
+  config = cluster_config(workers=4, speeds='1,1,1,1')
+  cluster = factory.build_cluster(config.cluster, 4)
+  rs = records(10, 0.01)
+  equal = ledger.modelled_clock(rs, 'net', 0.002)
+  replay = ledger.modelled_clock(rs, 'net', 0.002, factory.worker_clock(config, cluster, 0.002))
+  assert [t for _, t in replay] == pytest.approx([t for _, t in equal])
+  assert equal[-1][1] == pytest.approx(10 * 0.012)
+
+
+def test_stragglers_cost_bsp_more_than_ssp_and_async_on_the_same_records():
+  # 4 workers, one in 3 steps a worker is 4x slower; BSP waits for it every time
+  totals = {}
+  for method in ('allreduce', 'ssp', 'async_sgd', 'local_sgd'):
+    config = cluster_config(workers=4, straggler_p=0.3, straggler_slowdown=4.0, seed=1)
+    config.sync.method = method
+    cluster = factory.build_cluster(config.cluster, 4)
+    synced = [int((t + 1) % 4 == 0) for t in range(40)]
+    rs = records(40, 0.001, synced if method == 'local_sgd' else None)
+    clock = factory.worker_clock(config, cluster, 0.01)
+    totals[method] = ledger.modelled_clock(rs, 'net', 0.01, clock)[-1][1]
+  no_wait = 40 * (0.01 + 0.001)  # every worker at speed 1, never slowed
+  assert totals['allreduce'] > totals['ssp'] >= totals['async_sgd'] > no_wait
+  assert totals['allreduce'] > totals['local_sgd']
+
+
+def test_waiting_rules_follow_the_method():
+  config = config_lib.base()
+  for method, wait in [('allreduce', 'bsp'), ('cd_sgd', 'bsp'), ('local_sgd', 'periodic'),
+                       ('selsync', 'periodic'), ('ssp', 'ssp'), ('async_sgd', 'async'),
+                       ('gossip', 'neighbours')]:  # fmt: skip
+    config.sync.method = method
+    assert factory.waiting_rule(config, 8)['wait'] == wait, method
+  config.sync.method = 'ssp'
+  assert factory.waiting_rule(config, 8)['staleness'] == config.sync.ssp.staleness
+  config.sync.method = 'gossip'
+  w = factory.waiting_rule(config, 8)['neighbours'](0)
+  assert w.shape == (8, 8) and np.count_nonzero(w[0]) == 3  # ring: self and two neighbours

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import ml_collections
 from matplotlib.figure import Figure
@@ -52,17 +52,21 @@ def run(
   if not names:
     raise factory.ConfigError('no variants to compare')
   configs = {name: variant_config(base, name) for name in names}  # all checked before training
-  for name, config in configs.items():
-    factory.build(config, os.path.join(workdir, name))
+  clocks = {
+    name: factory.build(c, os.path.join(workdir, name)).clock for name, c in configs.items()
+  }
   runs = {}
   for name, config in configs.items():
     print(f'\n=== {name}')
     summary = trainer.train_and_evaluate(config, os.path.join(workdir, name))
     records = metrics.read_jsonl(os.path.join(workdir, name, metrics.METRICS_FILE))
-    runs[name] = (summary, records)
+    runs[name] = Run(summary, records, clocks[name])
   networks = factory.names(base.network.profiles)
   rows = table_rows(runs, networks)
   columns = COLUMNS + tuple((f'tta@{n}', f'time to {rows[0]["target"]:.4f} @{n}') for n in networks)
+  if any(run.clock(1.0) is not None for run in runs.values()):  # a heterogeneous cluster
+    columns += tuple((f'modelled_s@{n}', f'{base.steps} steps @{n} (s)') for n in networks)
+    columns += tuple((f'cost@{n}', f'cost @{n}') for n in networks)
   text = report.table(rows, columns)
   note = 'modelled seconds = steps x one worker measured step + alpha-beta communication'
   print(f'\n{text}\n\n(times: {note})')
@@ -88,12 +92,20 @@ COLUMNS = (
 )
 
 
-def table_rows(runs: dict[str, tuple[dict, list]], networks: Sequence[str]) -> list[dict[str, Any]]:
+class Run(NamedTuple):
+  """One variant's outcome: its summary, per-step records and clock factory."""
+
+  summary: dict[str, Any]
+  records: list[dict[str, Any]]
+  clock: Any  # compute_s -> netmodel.WorkerClock | None (factory.Experiment.clock)
+
+
+def table_rows(runs: dict[str, Run], networks: Sequence[str]) -> list[dict[str, Any]]:
   """One row per variant; the first variant's final accuracy is everyone's target."""
-  first = next(iter(runs.values()))[0]
+  first = next(iter(runs.values())).summary
   target = first['test_accuracy']
   rows = []
-  for name, (summary, records) in runs.items():
+  for name, (summary, records, clock) in runs.items():
     row = {
       'variant': name,
       'test_accuracy': summary['test_accuracy'],
@@ -105,20 +117,23 @@ def table_rows(runs: dict[str, tuple[dict, list]], networks: Sequence[str]) -> l
       'target': target,
     }
     for net in networks:
-      hit = ledger.time_to_accuracy(records, target, net, summary['worker_step_s'])
+      compute_s = summary['worker_step_s']
+      hit = ledger.time_to_accuracy(records, target, net, compute_s, clock(compute_s))
       row[f'tta@{net}'] = f'{hit[1]:.2f}s (step {hit[0]})' if hit else 'not reached'
       row[f'modelled_s@{net}'] = summary.get(f'modelled_s@{net}')
+      row[f'cost@{net}'] = summary.get(f'cost@{net}')
     rows.append(row)
   return rows
 
 
-def plot(runs: dict[str, tuple[dict, list]], networks: Sequence[str]) -> Figure:
+def plot(runs: dict[str, Run], networks: Sequence[str]) -> Figure:
   """Test accuracy against modelled time, one panel per network."""
   fig = Figure(figsize=(5 * len(networks), 3.8))
   axes = fig.subplots(1, len(networks), squeeze=False)
   for ax, net in zip(axes[0], networks, strict=True):
-    for name, (summary, records) in runs.items():
-      clock = dict(ledger.modelled_clock(records, net, summary['worker_step_s']))
+    for name, (summary, records, make_clock) in runs.items():
+      compute_s = summary['worker_step_s']
+      clock = dict(ledger.modelled_clock(records, net, compute_s, make_clock(compute_s)))
       evals = [r for r in records if 'test_accuracy' in r]
       ax.plot(
         [clock[r['step']] for r in evals],

@@ -156,6 +156,27 @@ def compress() -> ml_collections.ConfigDict:
   return c
 
 
+def cluster() -> ml_collections.ConfigDict:
+  """`config.cluster`: the workers the modelled clock pretends to have (`jd.netmodel.Cluster`).
+
+  All empty or zero: equal workers, each step one measured worker step plus
+  its communication. Otherwise each worker computes at its own speed and the
+  method's waiting rule (BSP waits for the slowest, SSP up to its staleness,
+  async never, gossip for its neighbours, local SGD at its syncs) sets the
+  time (`jd.netmodel.WorkerClock`); the summary adds the cost.
+  """
+  c = ml_collections.ConfigDict()
+  c.speeds = ''  # relative speed per worker, e.g. '1,1,1,0.25'
+  c.cores = ''  # or speeds from cores: '9,12,18', or the H-levels 'h2' | 'h10'
+  c.straggler_p = 0.0  # probability a worker straggles at a step
+  c.straggler_slowdown = 2.0  # its compute time then, times this
+  c.seed = 0
+  c.phases = ''  # speeds that change, repeated: 'steps:factor,...;steps:factor,...'
+  c.stream_rates = ''  # samples/s arriving at each worker (streaming)
+  c.price = 0.0  # per worker-hour
+  return c
+
+
 def network() -> ml_collections.ConfigDict:
   """Networks the modelled clock prices each step's communication on."""
   n = ml_collections.ConfigDict()
@@ -259,6 +280,7 @@ def base() -> ml_collections.ConfigDict:
   config.sync = sync()
   config.compress = compress()
   config.network = network()
+  config.cluster = cluster()
 
   config.eval_every = 20
   config.eval_batch_size = 1024

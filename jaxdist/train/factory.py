@@ -219,6 +219,91 @@ def build_chain(config, workers: runtime.Workers) -> tuple[optax.GradientTransfo
   return tx, schedule
 
 
+# --- the cluster the modelled clock pretends to have --------------------------------
+
+
+def _numbers(text: str, where: str) -> tuple[float, ...]:
+  try:
+    return tuple(float(v) for v in names(str(text)))
+  except ValueError:
+    raise ValueError(f'config.{where} must be comma-separated numbers, got {text!r}') from None
+
+
+def _phases(text: str) -> tuple[tuple[int, tuple[float, ...]], ...]:
+  phases = []
+  for i, part in enumerate(p for p in str(text).split(';') if p.strip()):
+    steps, colon, factors = part.partition(':')
+    if not colon or not steps.strip().isdigit():
+      raise ValueError(
+        f"config.cluster.phases: phase {i} must be 'steps:factor,factor,...', got {part!r}"
+      )
+    phases.append((int(steps), _numbers(factors, 'cluster.phases')))
+  return tuple(phases)
+
+
+def build_cluster(cfg, num_workers: int) -> netmodel.Cluster | None:
+  """The cluster `config.cluster` describes, or None (equal workers: no cluster model)."""
+  kwargs = dict(
+    straggler_p=cfg.straggler_p,
+    straggler_slowdown=cfg.straggler_slowdown,
+    seed=cfg.seed,
+    phases=_phases(cfg.phases),
+    stream_rates=_numbers(cfg.stream_rates, 'cluster.stream_rates'),
+    price=cfg.price,
+  )
+  speeds, cores = _numbers(cfg.speeds, 'cluster.speeds'), str(cfg.cores).strip()
+  if not (speeds or cores or cfg.straggler_p or kwargs['phases'] or cfg.price):
+    return None
+  if speeds and cores:
+    raise ValueError('config.cluster: give speeds or cores, not both')
+  try:
+    if cores:
+      by_name = cores.lower() in netmodel.H_LEVELS
+      cluster = netmodel.Cluster.from_cores(
+        cores if by_name else _numbers(cores, 'cluster.cores'), **kwargs
+      )
+    else:
+      cluster = netmodel.Cluster(speeds or (1.0,) * num_workers, **kwargs)
+    cluster.check_workers(num_workers)
+  except ValueError as e:
+    raise ValueError(f'config.cluster: {e}') from e
+  return cluster
+
+
+def waiting_rule(config, num_workers: int) -> dict[str, Any]:
+  """`WorkerClock` arguments of the method's waiting rule (see `jd.netmodel.cluster`)."""
+  method, s = config.sync.method, config.sync
+  if method in ('local_sgd', 'diloco', 'selsync'):
+    return {'wait': 'periodic'}
+  if method == 'ssp':
+    return {'wait': 'ssp', 'staleness': s.ssp.staleness}
+  if method == 'stale_sync':
+    return {'wait': 'ssp', 'staleness': s.stale_sync.max_delay}
+  if method == 'async_sgd':
+    return {'wait': 'async'}
+  if method == 'gossip':
+    topology, rows = s.gossip.topology, s.gossip.rows
+    return {
+      'wait': 'neighbours',
+      'neighbours': lambda t: sync.mixing_matrix(topology, num_workers, rows, step=t),
+    }
+  return {'wait': 'bsp'}
+
+
+def worker_clock(config, cluster: netmodel.Cluster | None, compute_s: float):
+  """A fresh `netmodel.WorkerClock` of `cluster` under the method's rule (None without one).
+
+  Args:
+    config: the run's config (method, batch, workers).
+    cluster: from `build_cluster`.
+    compute_s: one worker's measured step on its batch (the compute term).
+  """
+  if cluster is None:
+    return None
+  per_example_s = compute_s / (config.batch_size // config.workers)
+  return netmodel.WorkerClock(cluster, per_example_s, **waiting_rule(config, config.workers))
+
+
 # --- the run -----------------------------------------------------------------------
 
 
@@ -234,10 +319,15 @@ class Experiment:
   schedule: Any
   workers: runtime.Workers
   networks: dict[str, netmodel.Network | netmodel.Schedule]
+  cluster: netmodel.Cluster | None = None
 
   @property
   def per_worker(self) -> int:
     return self.config.batch_size // self.workers.count
+
+  def clock(self, compute_s: float) -> netmodel.WorkerClock | None:
+    """A fresh per-worker clock of the run's cluster (None without one); see `worker_clock`."""
+    return worker_clock(self.config, self.cluster, compute_s)
 
   def __str__(self) -> str:
     w = self.workers
@@ -307,6 +397,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
         f'network.algorithm must be one of {netmodel.ALGORITHMS}, got {config.network.algorithm!r}'
       )
     networks = {name: netmodel.resolve(name) for name in names(config.network.profiles)}
+    cluster = build_cluster(config.cluster, config.workers)
     ds = load_dataset(config.dataset)
     data.batch_indices(
       0, seed=config.seed, num_examples=len(ds.train), batch_size=config.batch_size
@@ -314,4 +405,4 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     model = models.get(config.model.name, num_classes=ds.num_classes)
   except ValueError as e:
     raise ConfigError(str(e)) from e
-  return Experiment(config, workdir, ds, model, tx, schedule, workers, networks)
+  return Experiment(config, workdir, ds, model, tx, schedule, workers, networks, cluster)

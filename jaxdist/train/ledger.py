@@ -11,7 +11,7 @@ records of a run to one row.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jaxdist import comm, netmodel
@@ -70,30 +70,51 @@ class Ledger:
 
 
 def modelled_clock(
-  records: Sequence[Mapping[str, Any]], network: str, compute_s: float
+  records: Sequence[Mapping[str, Any]],
+  network: str,
+  compute_s: float,
+  clock: netmodel.WorkerClock | None = None,
 ) -> list[tuple[int, float]]:
-  """(step, seconds) of the modelled clock, summing `netmodel.step_time` over the records.
+  """(step, seconds) of the modelled clock over the records of a run.
 
-  `compute_s` is one worker's measured step without communication
-  (`trainer.measure_worker_step`); communication is what the ledger priced
-  for each step on `network`.
+  Without a `clock` every worker is equal: each step takes
+  `netmodel.step_time(compute_s, blocking, overlapped)` with the
+  communication the ledger priced on `network`. With a per-worker `clock`
+  (a heterogeneous cluster, `factory.Experiment.clock`), the records are
+  replayed through it: each worker computes at its own speed and the
+  method's waiting rule decides who waits for whom.
+
+  Args:
+    records: the run's per-step records, from its first step.
+    network: the profile name.
+    compute_s: one worker's measured step without communication.
+    clock: a fresh `netmodel.WorkerClock`, or None.
   """
-  clock, out = 0.0, []
+  total, out = 0.0, []
   for r in records:
     blocking, hidden = r.get(f'comm_s@{network}', 0.0), r.get(f'overlap_s@{network}', 0.0)
-    clock += netmodel.step_time(compute_s, blocking, hidden)
-    out.append((r['step'], clock))
+    if clock is None:
+      total += netmodel.step_time(compute_s, blocking, hidden)
+    else:
+      per_worker = compute_s / clock.per_example_s if clock.per_example_s else 0.0
+      clock.advance(per_worker, blocking, hidden, synced=bool(r.get('synced', True)))
+      total = clock.total_s
+    out.append((r['step'], total))
   return out
 
 
 def time_to_accuracy(
-  records: Sequence[Mapping[str, Any]], target: float, network: str, compute_s: float
+  records: Sequence[Mapping[str, Any]],
+  target: float,
+  network: str,
+  compute_s: float,
+  clock: netmodel.WorkerClock | None = None,
 ) -> tuple[int, float] | None:
   """(step, modelled seconds) of the first evaluation reaching `target`, or None."""
-  clock = dict(modelled_clock(records, network, compute_s))
+  times = dict(modelled_clock(records, network, compute_s, clock))
   for r in records:
     if r.get('test_accuracy') is not None and r['test_accuracy'] >= target:
-      return r['step'], clock[r['step']]
+      return r['step'], times[r['step']]
   return None
 
 
@@ -104,9 +125,16 @@ def median_step_s(records: Sequence[Mapping[str, Any]]) -> float | None:
 
 
 def summarize(
-  records: Sequence[Mapping[str, Any]], networks: Sequence[str], compute_s: float
+  records: Sequence[Mapping[str, Any]],
+  networks: Sequence[str],
+  compute_s: float,
+  make_clock: Callable[[float], netmodel.WorkerClock | None] = lambda compute_s: None,
 ) -> dict[str, Any]:
-  """Per-run figures from the per-step records: bytes, sync fraction, step and modelled times."""
+  """Per-run figures from the per-step records: bytes, sync fraction, step and modelled times.
+
+  `make_clock(compute_s)` gives a fresh per-worker clock of a heterogeneous
+  cluster (or None); with one, the summary also has each network's cost.
+  """
   mean = lambda key: sum(r[key] for r in records) / len(records) if records else None
   out = {
     'payload_bytes_per_step': mean('payload_bytes'),
@@ -117,6 +145,9 @@ def summarize(
     'worker_step_s': compute_s,
   }
   for name in networks:
-    clock = modelled_clock(records, name, compute_s)
-    out[f'modelled_s@{name}'] = clock[-1][1] if clock else None
+    clock = make_clock(compute_s)
+    times = modelled_clock(records, name, compute_s, clock)
+    out[f'modelled_s@{name}'] = times[-1][1] if times else None
+    if clock is not None:
+      out[f'cost@{name}'] = clock.cost
   return out

@@ -277,7 +277,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     'test_accuracy': last_eval.get('test_accuracy'), 'test_loss': last_eval.get('test_loss'),
     'samples_per_s': clock.steps * cfg.batch_size / clock.seconds() if clock.steps else None,
     'wall_s': time.time() - wall0,
-    **ledger.summarize(records, list(exp.networks), compute_s),
+    **ledger.summarize(records, list(exp.networks), compute_s, exp.clock),
   }  # fmt: skip
   if lead:
     _report(exp, summary, records, log.writer.path)
