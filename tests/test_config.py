@@ -136,3 +136,18 @@ def test_cluster_section_keys_are_the_cluster_arguments_and_all_of_them():
   fields = {f.name for f in dataclasses.fields(netmodel.Cluster)}
   assert keys == fields | {'cores'}  # cores: netmodel.Cluster.from_cores
   assert 'cores' in arguments(netmodel.Cluster.from_cores)
+
+
+def test_arguments_that_default_to_none_can_still_be_set_by_a_flag():
+  # a plain None field has no type, and ml_collections' flags refuse to override it
+  config = config_lib.base()
+  for group in ('sync', 'compress'):
+    for name, section in config[group].items():
+      if not hasattr(section, 'get_ref'):
+        continue
+      for key, value in section.items():
+        if value is None:
+          kind = section.get_ref(key).get_type()
+          assert kind is not type(None), f'config.{group}.{name}.{key} is an untyped None'
+  config.compress.topk.k = 7  # each placeholder is its own field
+  assert config.compress.mstopk.k is None and config.compress.dgc.k is None

@@ -24,6 +24,16 @@ from __future__ import annotations
 from typing import Any
 
 import ml_collections
+from ml_collections import config_dict
+
+
+def _int() -> config_dict.FieldReference:
+  """An int argument whose default is None: a flag can set it (not so a plain None).
+
+  A new reference each time: ml_collections links the fields that share one.
+  """
+  return config_dict.placeholder(int)
+
 
 # Where the local optimizer goes relative to each sync method: 'before' the
 # transform (it averages gradients), 'after' it (it averages models), or
@@ -103,7 +113,7 @@ def sync() -> ml_collections.ConfigDict:
     averager='',
   )
   # ring | torus | exponential | one_peer_exponential (SGP's time-varying graph) | complete
-  s.gossip = dict(topology='ring', rows=None)
+  s.gossip = dict(topology='ring', rows=_int())
   s.sma = dict(alpha=0.125, momentum=0.9)
   # Methods that take the local optimizer as their first argument.
   s.selsync = dict(
@@ -134,23 +144,23 @@ def compress() -> ml_collections.ConfigDict:
   """`config.compress`: the compressor of `compressed_allreduce`, one section each.
 
   Sparsifiers take exactly one of `ratio` and `k`: to give k, also set ratio
-  to None.
+  to None (in a config file or in Python; a flag cannot set None).
   """
   c = ml_collections.ConfigDict()
   c.name = 'topk'
   c.identity = {}
-  c.topk = dict(ratio=0.01, k=None)
-  c.mstopk = dict(ratio=0.01, k=None, rounds=25)
+  c.topk = dict(ratio=0.01, k=_int())
+  c.mstopk = dict(ratio=0.01, k=_int(), rounds=25)
   c.dgc = dict(
-    ratio=0.01, k=None, sample_ratio=0.01, min_sample=2048, max_sample=16384, bins_per_k=2
+    ratio=0.01, k=_int(), sample_ratio=0.01, min_sample=2048, max_sample=16384, bins_per_k=2
   )
   c.randomk = dict(ratio=0.01, rescale=True)
-  c.threshold = dict(ratio=0.01, k=None, tau=0.0)
+  c.threshold = dict(ratio=0.01, k=_int(), tau=0.0)
   c.qsgd = dict(levels=127, bucket_size=512)
-  c.terngrad = dict(bucket_size=None)
+  c.terngrad = dict(bucket_size=_int())
   c.sign = {}
-  c.ef_sign = dict(bucket_size=None)
-  c.onebit = dict(bucket_size=None)
+  c.ef_sign = dict(bucket_size=_int())
+  c.onebit = dict(bucket_size=_int())
   c.twobit = dict(threshold=0.5)
   c.cast = dict(dtype='bfloat16')  # bfloat16 | float16 | float8_e4m3fn | float8_e5m2
   return c
