@@ -211,3 +211,25 @@ def test_cifar10_resnet20_runlocal_uses_synthetic_data(tmp_path, data_dir, metho
   summary = json.loads((tmp_path / 'summary.json').read_text())
   assert summary['model'] == 'resnet20' and summary['dataset'] == 'synthetic'
   assert summary['steps'] == 6 and summary['workers'] == 4 and 0 < summary['sync_fraction'] <= 1
+
+
+def test_dynamic_batching_resumes_its_controller_after_sigkill(tmp_path, data_dir):
+  straight, crashed = tmp_path / 'straight', tmp_path / 'crashed'
+  common = [
+    '--config.workers=3', '--config.batch_size=96', '--config.steps=12',
+    '--config.checkpoint_every=5', '--config.eval_every=6', '--config.progress=False',
+    '--config.cluster.cores=h2', '--config.cluster.straggler_p=0.2', '--config.batching=dynamic',
+    '--config.dynamic_batching.b_max=64', '--config.dynamic_batching.interval=2',
+  ]  # fmt: skip
+  run_binary(straight, data_dir, *common)
+  proc = run_binary(crashed, data_dir, *common, '--config.fault.kill_at_step=7', check=False)
+  assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+  run_binary(crashed, data_dir, *common)
+  want = metrics.read_jsonl(os.path.join(straight, 'metrics.jsonl'))
+  got = metrics.read_jsonl(os.path.join(crashed, 'metrics.jsonl'))
+  assert len({tuple(r['batches']) for r in want}) > 2  # the controller moved more than once
+  strip = lambda r: {k: v for k, v in metrics.without_timings(r).items() if k != 'compute_s'}
+  assert [strip(r) for r in got] == [strip(r) for r in want]
+  summary = json.loads((straight / 'summary.json').read_text())
+  assert summary['cost@1gbps'] == 0.0 and summary['modelled_s@1gbps'] > 0  # no price given
+  assert (straight / 'batches.png').stat().st_size > 10_000

@@ -6,8 +6,10 @@ import pytest
 
 from jaxdist import comm, data, models, netmodel, runtime
 from jaxdist.train import config as config_lib
-from jaxdist.train import factory, ledger
+from jaxdist.train import factory, ledger, metrics
 from jaxdist.train import step as step_lib
+
+from conftest import REPO
 
 STEPS = 6
 
@@ -164,3 +166,71 @@ def test_waiting_rules_follow_the_method():
   config.sync.method = 'gossip'
   w = factory.waiting_rule(config, 8)['neighbours'](0)
   assert w.shape == (8, 8) and np.count_nonzero(w[0]) == 3  # ring: self and two neighbours
+
+
+# --- per-worker batches (dynamic batching) ---------------------------------------------------
+
+
+def test_batching_needs_a_cluster_and_allreduce_and_feasible_bounds():
+  bad = [
+    (dict(batching='dynamic'), r'config.batching=.dynamic. sizes batches .* config.cluster'),
+    (dict(batching='sometimes'), r'config.batching must be one of'),
+    (dict(batching='static', **{'cluster.cores': 'h2', 'sync.method': 'local_sgd'}),
+     r'needs sync.method=allreduce'),
+    (dict(batching='dynamic', **{'cluster.cores': 'h2', 'dynamic_batching.b_max': 10}),
+     r'config.dynamic_batching: '),
+    (dict(batching='dynamic', **{'cluster.cores': 'h2', 'dynamic_batching.deadband': 1.5}),
+     r'config.dynamic_batching: deadband must be in \[0, 1\)'),
+  ]  # fmt: skip
+  for overrides, message in bad:
+    config = config_lib.base()
+    config.workers, config.batch_size = 3, 96
+    config.update_from_flattened_dict(overrides)
+    with pytest.raises(ValueError, match=message):
+      factory.build_batching(config, factory.build_cluster(config.cluster, 3))
+
+
+def run_digits(tmp_path, name, data_dir, monkeypatch, **overrides):
+  from jaxdist.train import checkpoint, trainer
+
+  monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
+  config = factory.load_config(
+    f'{REPO}/configs/digits.py:runlocal,workers=3',
+    **{'progress': False, 'batch_size': 96, 'steps': 12, **overrides},
+  )
+  summary = trainer.train_and_evaluate(config, str(tmp_path / name))
+  records = metrics.read_jsonl(str(tmp_path / name / 'metrics.jsonl'))
+  params = checkpoint.read(str(tmp_path / name / 'checkpoints'))[0]['params']
+  return summary, records, params
+
+
+def test_dynamic_batches_train_like_uniform_ones_and_equalise_the_modelled_times(
+  tmp_path, data_dir, monkeypatch
+):
+  # Σ_k b_k ḡ_k / G over any split of the global batch is the mean gradient of that batch:
+  # only the clock changes (Tyagi & Sharma 2020, Eqs. 2-3).
+  cluster = {'cluster.cores': 'h10', 'dynamic_batching.b_max': 64}
+  uniform = run_digits(tmp_path, 'uniform', data_dir, monkeypatch, **cluster)
+  dynamic = run_digits(
+    tmp_path, 'dynamic', data_dir, monkeypatch, batching='dynamic',
+    **{'dynamic_batching.interval': 2}, **cluster,
+  )  # fmt: skip
+  for a, b in zip(jax.tree.leaves(uniform[2]), jax.tree.leaves(dynamic[2]), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  batches = [r['batches'] for r in dynamic[1]]
+  assert batches[0] == [32, 32, 32] and batches[-1] == [5, 42, 49]  # H10, G = 96
+  assert all(sum(b) == 96 for b in batches)
+  times = np.asarray(dynamic[1][-1]['compute_s'])
+  assert times.max() / times.min() < 1.1  # equalised (they were 2:17:20 apart)
+  for net in ('1gbps', '10gbps'):
+    assert dynamic[0][f'modelled_s@{net}'] < uniform[0][f'modelled_s@{net}'] / 1.5
+
+
+def test_equal_speeds_static_batching_is_bsp(tmp_path, data_dir, monkeypatch):
+  cluster = {'cluster.speeds': '1,1,1', 'dynamic_batching.b_max': 32}
+  plain = run_digits(tmp_path, 'plain', data_dir, monkeypatch, steps=4)
+  static = run_digits(tmp_path, 'static', data_dir, monkeypatch, steps=4, batching='static',
+                      **cluster)  # fmt: skip
+  assert [r['batches'] for r in static[1]] == [[32, 32, 32]] * 4
+  for a, b in zip(jax.tree.leaves(plain[2]), jax.tree.leaves(static[2]), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

@@ -291,6 +291,14 @@ def base() -> ml_collections.ConfigDict:
   config.compress = compress()
   config.network = network()
   config.cluster = cluster()
+  # Per-worker batches on a heterogeneous cluster (Tyagi & Sharma 2020): 'uniform',
+  # 'static' (in proportion to the cluster's speeds) or 'dynamic' (the proportional
+  # controller on the modelled iteration times, jd.control.dynamic_batching). Uneven
+  # batches are averaged with weights b_k / G (sync.weighted_allreduce): they need
+  # sync.method=allreduce and a config.cluster. Each worker holds b_max examples
+  # (default: the global batch) and trains on its first b_k.
+  config.batching = 'uniform'
+  config.dynamic_batching = dict(b_min=1, b_max=_int(), deadband=0.05, decay=0.5, interval=10)
 
   config.eval_every = 20
   config.eval_batch_size = 1024

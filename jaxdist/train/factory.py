@@ -20,7 +20,7 @@ import jax
 import ml_collections
 import optax
 
-from jaxdist import compress, data, models, netmodel, runtime, sync
+from jaxdist import compress, control, data, models, netmodel, runtime, sync
 from jaxdist.train import config as config_lib
 
 
@@ -166,10 +166,13 @@ def sync_transform(config, workers: runtime.Workers, opt, schedule) -> optax.Gra
   elif method == 'gradient_delay':
     section['delay'] = _delay(section['delay'])
     del supplied['axis_name']
+  make = getattr(sync, method)
+  if method == 'allreduce' and config.batching != 'uniform':  # uneven batches: weights b_k / G
+    make = sync.weighted_allreduce
   if config_lib.METHODS[method] == 'in':
-    first = next(iter(inspect.signature(getattr(sync, method)).parameters))
+    first = next(iter(inspect.signature(make).parameters))
     supplied[first] = opt
-  return call(getattr(sync, method), where, section, **supplied)
+  return call(make, where, section, **supplied)
 
 
 COMPENSATIONS = ('spike_compensation', 'linear_weight_prediction')
@@ -290,6 +293,35 @@ def waiting_rule(config, num_workers: int) -> dict[str, Any]:
   return {'wait': 'bsp'}
 
 
+BATCHING = ('uniform', 'static', 'dynamic')
+
+
+def build_batching(config, cluster: netmodel.Cluster | None) -> control.DynamicBatching | None:
+  """The batch-size controller `config.batching` asks for (None: uniform batches)."""
+  mode = config.batching
+  if mode not in BATCHING:
+    raise ValueError(f'config.batching must be one of {BATCHING}, got {mode!r}')
+  if mode == 'uniform':
+    return None
+  if cluster is None:
+    raise ValueError(
+      f"config.batching={mode!r} sizes batches by the workers' speeds: describe them in "
+      'config.cluster (speeds or cores)'
+    )
+  if config.sync.method != 'allreduce':
+    raise ValueError(
+      f'config.batching={mode!r} averages gradients with weights b_k / G: it needs '
+      f'sync.method=allreduce, got {config.sync.method!r}'
+    )
+  section = config.dynamic_batching
+  ctl = call(control.dynamic_batching, 'dynamic_batching', section, global_batch=config.batch_size)
+  try:
+    ctl.init(config.workers)  # the bounds admit the global batch
+  except ValueError as e:
+    raise ValueError(f'config.dynamic_batching: {e}') from e
+  return ctl
+
+
 def worker_clock(config, cluster: netmodel.Cluster | None, compute_s: float):
   """A fresh `netmodel.WorkerClock` of `cluster` under the method's rule (None without one).
 
@@ -320,6 +352,14 @@ class Experiment:
   workers: runtime.Workers
   networks: dict[str, netmodel.Network | netmodel.Schedule]
   cluster: netmodel.Cluster | None = None
+  batching: control.DynamicBatching | None = None  # per-worker batch sizes (None: uniform)
+
+  @property
+  def held(self) -> int:
+    """Examples each worker holds per step: its batch, or b_max with per-worker batches."""
+    if self.batching is None:
+      return self.per_worker
+    return self.config.dynamic_batching.b_max or self.config.batch_size
 
   @property
   def per_worker(self) -> int:
@@ -398,6 +438,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
       )
     networks = {name: netmodel.resolve(name) for name in names(config.network.profiles)}
     cluster = build_cluster(config.cluster, config.workers)
+    batching = build_batching(config, cluster)
     ds = load_dataset(config.dataset)
     data.batch_indices(
       0, seed=config.seed, num_examples=len(ds.train), batch_size=config.batch_size
@@ -405,4 +446,4 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     model = models.get(config.model.name, num_classes=ds.num_classes)
   except ValueError as e:
     raise ConfigError(str(e)) from e
-  return Experiment(config, workdir, ds, model, tx, schedule, workers, networks, cluster)
+  return Experiment(config, workdir, ds, model, tx, schedule, workers, networks, cluster, batching)

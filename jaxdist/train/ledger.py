@@ -81,8 +81,9 @@ def modelled_clock(
   `netmodel.step_time(compute_s, blocking, overlapped)` with the
   communication the ledger priced on `network`. With a per-worker `clock`
   (a heterogeneous cluster, `factory.Experiment.clock`), the records are
-  replayed through it: each worker computes at its own speed and the
-  method's waiting rule decides who waits for whom.
+  replayed through it: each worker computes its batch (the record's
+  `batches`, or the uniform one) at its own speed and the method's waiting
+  rule decides who waits for whom.
 
   Args:
     records: the run's per-step records, from its first step.
@@ -96,8 +97,9 @@ def modelled_clock(
     if clock is None:
       total += netmodel.step_time(compute_s, blocking, hidden)
     else:
-      per_worker = compute_s / clock.per_example_s if clock.per_example_s else 0.0
-      clock.advance(per_worker, blocking, hidden, synced=bool(r.get('synced', True)))
+      uniform = compute_s / clock.per_example_s if clock.per_example_s else 0.0
+      batches = r.get('batches', uniform)  # per-worker batches, when the run chose them
+      clock.advance(batches, blocking, hidden, synced=bool(r.get('synced', True)))
       total = clock.total_s
     out.append((r['step'], total))
   return out

@@ -86,6 +86,27 @@ def plot_curves(records: Sequence[Mapping[str, Any]], title: str = '') -> Figure
   return fig
 
 
+def plot_batches(records: Sequence[Mapping[str, Any]], title: str = '') -> Figure:
+  """Each worker's batch and modelled compute time against step (per-worker batching)."""
+  steps = [r['step'] for r in records if 'batches' in r]
+  batches = [r['batches'] for r in records if 'batches' in r]
+  times = [r['compute_s'] for r in records if 'batches' in r]
+  fig = Figure(figsize=(10, 3.6))
+  ax_b, ax_t = fig.subplots(1, 2)
+  for k in range(len(batches[0]) if batches else 0):
+    ax_b.step(steps, [b[k] for b in batches], where='post', label=f'worker {k}')
+    ax_t.plot(steps, [1e3 * t[k] for t in times], lw=1, label=f'worker {k}')
+  ax_b.set(xlabel='step', ylabel='batch (examples)')
+  ax_t.set(xlabel='step', ylabel='modelled compute (ms)', yscale='log')
+  for ax in (ax_b, ax_t):
+    ax.grid(alpha=0.3)
+    ax.legend(loc='best', fontsize='small')
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  return fig
+
+
 def save(fig: Figure, path: str) -> str:
   """Writes `fig` as a PNG at `path`; returns the path."""
   fig.savefig(path, dpi=120)

@@ -18,6 +18,7 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from jaxdist import comm
+from jaxdist.models.masked import masked_cross_entropy, masked_mean
 from jaxdist.runtime import DATA, SIM, Workers
 from jaxdist.sync.pipeline import PredictionState
 
@@ -43,14 +44,20 @@ def _split_variables(variables: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
   return variables.pop('params'), variables
 
 
-def loss_fn(model: nn.Module, params, model_state, x, y, train: bool):
-  """Mean cross-entropy over the batch; returns (loss, (logits, new_model_state))."""
+def loss_fn(model: nn.Module, params, model_state, x, y, train: bool, count=None):
+  """Mean cross-entropy over the batch (its first `count` examples if given).
+
+  Returns (loss, (logits, new_model_state)).
+  """
   variables = {'params': params, **model_state}
   if train and model_state:
     logits, new_state = model.apply(variables, x, train=True, mutable=list(model_state))
   else:
     logits, new_state = model.apply(variables, x, train=train), model_state
-  loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+  if count is None:
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+  else:
+    loss = masked_cross_entropy(logits, y, count)
   return loss, (logits, new_state)
 
 
@@ -74,9 +81,13 @@ def make_init(
 
 
 def make_train_step(
-  model: nn.Module, tx: optax.GradientTransformation, workers: Workers, staggered: bool = False
+  model: nn.Module,
+  tx: optax.GradientTransformation,
+  workers: Workers,
+  staggered: bool = False,
+  counted: bool = False,
 ) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
-  """A jitted `(state, x_WxBx..., y_WxB) -> (state, metrics)`; the state is donated.
+  """A jitted `(state, x_WxBx..., y_WxB[, counts_W]) -> (state, metrics)`; the state is donated.
 
   Each device runs its workers' forward/backward passes, then the optax
   chain (which may communicate over `workers.axis_name`) for all of them.
@@ -86,40 +97,54 @@ def make_train_step(
   worker's activations are alive at a time: the system form of Wavelet's
   tick-tock waves (`jaxdist.train.waves`).
 
-  Metrics, replicated: `loss` and `accuracy` averaged over workers, and
+  With `counted`, worker k trains on the first counts[k] of its B examples
+  (per-worker batch sizes with static shapes: changing them never
+  recompiles), and the chain gets the count as optax's extra argument
+  `weight` (for `jd.sync.weighted_allreduce`).
+
+  Metrics, replicated: `loss` and `accuracy` averaged over workers (over
+  examples, with `counted`), and
   `wire`: for each `Transfer` in the optimizer state (in tree order), how many
   times it ran this step summed over workers.
   """
 
-  def gradients(params, model_state, x, y):
+  def gradients(params, model_state, x, y, *count):
     grad_fn = jax.value_and_grad(loss_fn, argnums=1, has_aux=True)
-    (loss, (logits, model_state)), grads = grad_fn(model, params, model_state, x, y, True)
-    return grads, model_state, loss, jnp.mean(jnp.argmax(logits, -1) == y)
+    (loss, (logits, model_state)), grads = grad_fn(model, params, model_state, x, y, True, *count)
+    correct = (jnp.argmax(logits, -1) == y).astype(jnp.float32)
+    accuracy = masked_mean(correct, *count) if count else jnp.mean(correct)
+    return grads, model_state, loss, accuracy
 
-  def update(grads, opt_state, params):
-    updates, opt_state = tx.update(grads, opt_state, params)
+  def update(grads, opt_state, params, *count):
+    extra = {'weight': count[0]} if count else {}
+    updates, opt_state = tx.update(grads, opt_state, params, **extra)
     return optax.apply_updates(params, updates), opt_state
 
-  def device_step(state: TrainState, x, y):  # leading axis: this device's workers
+  def device_step(state: TrainState, x, y, *counts):  # leading axis: this device's workers
+    args = (state.params, state.model_state, x, y, *counts)
     if staggered:
       wave = jax.checkpoint(lambda args: gradients(*args))
-      grads, model_state, loss, accuracy = jax.lax.map(
-        wave, (state.params, state.model_state, x, y)
-      )
+      grads, model_state, loss, accuracy = jax.lax.map(wave, args)
     else:
-      grads, model_state, loss, accuracy = jax.vmap(gradients)(
-        state.params, state.model_state, x, y
-      )
-    params, opt_state = jax.vmap(update, axis_name=SIM)(grads, state.opt_state, state.params)
+      grads, model_state, loss, accuracy = jax.vmap(gradients)(*args)
+    params, opt_state = jax.vmap(update, axis_name=SIM)(
+      grads, state.opt_state, state.params, *counts
+    )
     return TrainState(params, model_state, opt_state), {'loss': loss, 'accuracy': accuracy}
 
   mapped = jax.shard_map(
     device_step, mesh=workers.mesh, in_specs=P(DATA), out_specs=P(DATA), check_vma=False
   )
 
-  def step(state, x, y):
-    state, per_worker = mapped(state, x, y)
-    metrics = {k: jnp.mean(v) for k, v in per_worker.items()}
+  def step(state, x, y, *counts):
+    if counted != bool(counts):
+      raise ValueError(f'this step was made with counted={counted}: pass counts iff counted')
+    state, per_worker = mapped(state, x, y, *counts)
+    if counts:  # a mean over examples: workers weighted by their batches
+      w = counts[0].astype(jnp.float32) / jnp.maximum(jnp.sum(counts[0]), 1)
+      metrics = {k: jnp.sum(v * w) for k, v in per_worker.items()}
+    else:
+      metrics = {k: jnp.mean(v) for k, v in per_worker.items()}
     metrics['wire'] = tuple(jnp.sum(t.count) for t in comm.find_transfers(state.opt_state))
     return state, metrics
 

@@ -28,19 +28,35 @@ from jaxdist.train import step as step_lib
 
 SUMMARY_FILE = 'summary.json'
 PLOT_FILE = 'curves.png'
+BATCHES_PLOT = 'batches.png'
 ConfigError = factory.ConfigError
 
 
-def put_batch(exp: factory.Experiment, t: int) -> tuple[jax.Array, jax.Array]:
-  """Global batch `t` as [workers, per_worker, ...] arrays; each process loads its own workers."""
-  w, b, split = exp.workers, exp.per_worker, exp.dataset.train
-  idx = data.worker_indices(
-    t, seed=exp.config.seed, num_examples=len(split), workers=w.count, per_worker=b
-  )[w.local_workers()]
-  x = exp.dataset.normalize(split.images[idx])
-  y = split.labels[idx]
+def put_batch(exp: factory.Experiment, t: int, sizes=None) -> tuple[jax.Array, ...]:
+  """Global batch `t` as [workers, held, ...] arrays; each process loads its own workers.
+
+  With per-worker batch `sizes` ([W] ints summing to the global batch), worker
+  k's examples are the k-th consecutive slice of the global batch, repeated
+  to fill its `exp.held` slots (the step trains on the first sizes[k]), and
+  the sizes come as a third array.
+  """
+  w, split = exp.workers, exp.dataset.train
+  if sizes is None:
+    idx = data.worker_indices(
+      t, seed=exp.config.seed, num_examples=len(split), workers=w.count, per_worker=exp.per_worker
+    )
+  else:
+    flat = data.batch_indices(
+      t, seed=exp.config.seed, num_examples=len(split), batch_size=exp.config.batch_size
+    )
+    parts = np.split(flat, np.cumsum(sizes)[:-1])
+    idx = np.stack([np.resize(part, exp.held) for part in parts])
+  idx = idx[w.local_workers()]
+  arrays = [exp.dataset.normalize(split.images[idx]), split.labels[idx]]
+  if sizes is not None:
+    arrays.append(np.asarray(sizes, np.int32)[w.local_workers()])
   put = lambda a: jax.make_array_from_process_local_data(w.sharding, a, (w.count, *a.shape[1:]))
-  return put(x), put(y)
+  return tuple(put(a) for a in arrays)
 
 
 def eval_chunks(exp: factory.Experiment) -> list[tuple[jax.Array, ...]]:
@@ -82,20 +98,71 @@ def measure_worker_step(exp: factory.Experiment, repeats: int = 20) -> float:
   modelled clock.
   """
   one = runtime.layout(1, devices=1, device_list=jax.local_devices()[:1])
+  counted = exp.batching is not None
   init = step_lib.make_init(exp.model, exp.tx, one, exp.dataset.image_shape)
-  train_step = step_lib.make_train_step(exp.model, exp.tx, one)
+  train_step = step_lib.make_train_step(exp.model, exp.tx, one, counted=counted)
   idx = data.batch_indices(
     0, seed=exp.config.seed, num_examples=len(exp.dataset.train), batch_size=exp.per_worker
   )
   x = jax.device_put(exp.dataset.normalize(exp.dataset.train.images[idx])[None], one.sharding)
   y = jax.device_put(exp.dataset.train.labels[idx][None], one.sharding)
+  counts = (jax.device_put(np.full(1, exp.per_worker, np.int32), one.sharding),) if counted else ()
   box = [init(jax.random.key(exp.config.seed))]
 
   def run():
-    box[0], metrics = train_step(box[0], x, y)
+    box[0], metrics = train_step(box[0], x, y, *counts)
     return metrics
 
   return timing.median_seconds(run, repeats)
+
+
+class Batches:
+  """Per-worker batch sizes of a run: uniform, static, or set by the dynamic-batching controller.
+
+  Each step the cluster's modelled compute time of every worker (batch /
+  speed × the measured time per example) is what the controller observes,
+  as the worker's iteration time would be on real heterogeneous hardware.
+  """
+
+  def __init__(self, exp: factory.Experiment, compute_s: float):
+    self.exp, self.ctl = exp, exp.batching
+    self.per_example_s = compute_s / exp.per_worker
+    self.state = None
+    if self.ctl is not None:
+      speeds = exp.cluster.speeds if exp.config.batching == 'static' else None
+      self.state = self.ctl.init(exp.workers.count, speeds)
+
+  @property
+  def sizes(self) -> np.ndarray | None:
+    return None if self.state is None else self.state.batches
+
+  def observe(self, t: int) -> dict[str, Any]:
+    """Step t's batches and modelled compute times; the controller takes the times."""
+    if self.state is None:
+      return {}
+    times = self.exp.cluster.compute_seconds(t, self.state.batches, self.per_example_s)
+    record = {'batches': self.state.batches.tolist(), 'compute_s': times.tolist()}
+    if self.exp.config.batching == 'dynamic':
+      self.state = self.ctl.update(self.state, times)
+    return record
+
+  def to_json(self) -> dict[str, Any]:
+    if self.state is None:
+      return {}
+    s = self.state
+    mean = [None if np.isnan(m) else float(m) for m in s.mean_s]
+    return {'batches': s.batches.tolist(), 'mean_s': mean, 'observed': s.observed,
+            'adjustments': s.adjustments}  # fmt: skip
+
+  def restore(self, saved: dict[str, Any]) -> None:
+    """The controller's state as a checkpoint's metadata saved it."""
+    if self.state is None or not saved:
+      return
+    mean = np.array([np.nan if m is None else m for m in saved['mean_s']])
+    self.state = self.state._replace(
+      batches=np.asarray(saved['batches']), mean_s=mean, observed=saved['observed'],
+      adjustments=saved['adjustments'],
+    )  # fmt: skip
 
 
 class Clock:
@@ -190,11 +257,11 @@ def kill_at_step(step: int) -> Callable[[int, StepLog, checkpoint.Checkpointer],
   return hook
 
 
-def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int]:
-  """(state, step): the latest checkpoint's, or a fresh state at step 0."""
+def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, Any]]:
+  """(state, step, metadata): the latest checkpoint's, or a fresh state at step 0."""
   start = ckpt.latest_step() or 0
   if not start:
-    return init(jax.random.key(exp.config.seed)), 0
+    return init(jax.random.key(exp.config.seed)), 0, {}
   shardings = jax.tree.map(lambda _: exp.workers.sharding, state_shape)
   try:
     state, meta = ckpt.restore(start, checkpoint.abstract(state_shape, shardings))
@@ -205,7 +272,7 @@ def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int]:
       f'Use a fresh --workdir or the config that wrote it.'
     ) from e
   logging.info('resumed from step %d (%s)', start, meta)
-  return state, start
+  return state, start, meta
 
 
 def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
@@ -221,19 +288,23 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   os.makedirs(exp.workdir, exist_ok=True)
   logging.info('%s', exp)
   init = step_lib.make_init(exp.model, exp.tx, workers, exp.dataset.image_shape)
-  train_step = step_lib.make_train_step(exp.model, exp.tx, workers, staggered=cfg.sync.staggered)
+  train_step = step_lib.make_train_step(
+    exp.model, exp.tx, workers, staggered=cfg.sync.staggered, counted=exp.batching is not None
+  )
   eval_step = step_lib.make_eval_step(exp.model, workers)
   state_shape = jax.eval_shape(init, jax.random.key(cfg.seed))
   ckpt = checkpoint.Checkpointer(
     os.path.join(exp.workdir, 'checkpoints'), keep=cfg.keep_checkpoints
   )
-  state, start = restore_or_init(exp, ckpt, init, state_shape)
+  state, start, meta = restore_or_init(exp, ckpt, init, state_shape)
   if lead and not start:
     metrics.write_atomic(
       os.path.join(exp.workdir, 'config.json'), cfg.to_json_best_effort(indent=2)
     )
 
   compute_s = measure_worker_step(exp)  # the compute term of the modelled clock
+  batches = Batches(exp, compute_s)
+  batches.restore(meta.get('batching', {}))
   prices = ledger.Ledger(
     comm.find_transfers(state_shape.opt_state),
     workers.count,
@@ -248,8 +319,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   hooks = [kill_at_step(cfg.fault.kill_at_step)]
   chunks, clock, last_eval, wall0 = eval_chunks(exp), Clock(), {}, time.time()
   for t in range(start, cfg.steps):
-    state, m = train_step(state, *put_batch(exp, t))
+    state, m = train_step(state, *put_batch(exp, t, batches.sizes))
     log.push(t + 1, m)
+    log.add(batches.observe(t))
     bar.update(1)
     clock.step(m)
     done = t + 1
@@ -260,7 +332,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       if done % cfg.checkpoint_every == 0 or done == cfg.steps:
         log.flush()
         log.writer.flush()  # the log reaches the checkpoint's step before the checkpoint commits
-        ckpt.save(done, state, {'step': done, 'seed': cfg.seed})
+        ckpt.save(done, state, {'step': done, 'seed': cfg.seed, 'batching': batches.to_json()})
       for hook in hooks:
         hook(done, log, ckpt)
   log.flush()
@@ -291,6 +363,8 @@ def _report(exp: factory.Experiment, summary: dict[str, Any], records, metrics_p
   title = f'{cfg.model.name} on {cfg.dataset.name}, {exp.workers.count} workers, {cfg.sync.method}'
   plot = os.path.join(exp.workdir, PLOT_FILE)
   report.save(report.plot_curves(records, title), plot)
+  if any('batches' in r for r in records):
+    report.save(report.plot_batches(records, title), os.path.join(exp.workdir, BATCHES_PLOT))
   print()
   print(report.table([summary], SUMMARY_COLUMNS))
   print(f'\nmetrics: {metrics_path}\nplot:    {plot}')
