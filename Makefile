@@ -47,6 +47,8 @@ results: $(VENV)/.installed
 	$(RESULTS) --only=bsp,local4,ssp2,async4,gossip_ring --config.cluster.straggler_p=0.1 \
 	  --config.cluster.straggler_slowdown=4 --config.cluster.price=1 \
 	  --results=experiments/results/stragglers.md
+	$(RESULTS) --only=uniform_h2,dynamic_h2,uniform_h10,dynamic_h10 --config.workers=3 \
+	  --config.batch_size=96 --results=experiments/results/heterogeneous.md
 	$(PY) experiments/readme_tables.py
 
 clean:

@@ -50,4 +50,5 @@ def test_notebook_runs(path, tmp_path, data_dir, monkeypatch):
     if 'image/png' in o.get('data', {})
   ]  # fmt: skip
   assert images, f'{os.path.basename(path)} shows no plot (no image/png output)'
-  assert (workdir / 'workdir' / 'quickstart' / 'metrics.jsonl').exists()
+  name = os.path.basename(path)[: -len('.ipynb')]
+  assert list((workdir / 'workdir' / name).glob('**/metrics.jsonl')), 'it trained nothing'

@@ -218,6 +218,13 @@ def variants() -> ml_collections.ConfigDict:
     sync = {'method': 'gradient_delay', 'gradient_delay': {'delay': str(delay)}}
     return {'optimizer': slow, 'sync': {**sync, 'compensation': ','.join(fixes)}}
 
+  def hetero(cores: str, batching: str) -> dict[str, Any]:
+    return {
+      'cluster': {'cores': cores},
+      'batching': batching,
+      'dynamic_batching': {'b_max': 64},
+    }
+
   sc, lwp = 'spike_compensation', 'linear_weight_prediction'
   return ml_collections.ConfigDict(
     {
@@ -253,6 +260,11 @@ def variants() -> ml_collections.ConfigDict:
       'delay4_sc': delayed(4, sc),
       'delay4_lwp': delayed(4, lwp),
       'delay4_sc_lwp': delayed(4, sc, lwp),
+      # heterogeneous workers (Tyagi & Sharma 2020's H-levels; run with workers=3)
+      'uniform_h2': hetero('h2', 'uniform'),
+      'dynamic_h2': hetero('h2', 'dynamic'),
+      'uniform_h10': hetero('h10', 'uniform'),
+      'dynamic_h10': hetero('h10', 'dynamic'),
     }
   )
 

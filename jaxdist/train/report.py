@@ -97,7 +97,7 @@ def plot_batches(records: Sequence[Mapping[str, Any]], title: str = '') -> Figur
     ax_b.step(steps, [b[k] for b in batches], where='post', label=f'worker {k}')
     ax_t.plot(steps, [1e3 * t[k] for t in times], lw=1, label=f'worker {k}')
   ax_b.set(xlabel='step', ylabel='batch (examples)')
-  ax_t.set(xlabel='step', ylabel='modelled compute (ms)', yscale='log')
+  ax_t.set(xlabel='step', ylabel='modelled compute (ms)')
   for ax in (ax_b, ax_t):
     ax.grid(alpha=0.3)
     ax.legend(loc='best', fontsize='small')
