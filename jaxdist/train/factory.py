@@ -147,7 +147,7 @@ def _delay(value: Any) -> int | str:
   return int(value) if str(value).lstrip('-').isdigit() else str(value)
 
 
-def sync_transform(config, workers: runtime.Workers, opt, schedule) -> optax.GradientTransformation:
+def sync_transform(config, workers: runtime.Workers, opt) -> optax.GradientTransformation:
   """The transform `config.sync.method` names, built from its section, with `opt` passed in."""
   method = config.sync.method
   where = f'sync.{method}'
@@ -184,7 +184,7 @@ def build_chain(config, workers: runtime.Workers) -> tuple[optax.GradientTransfo
   if method not in config_lib.METHODS or method not in config.sync:
     raise ValueError(f'unknown sync.method {method!r}; choose one of {sorted(config_lib.METHODS)}')
   opt, schedule = build_optimizer(config.optimizer, config.steps)
-  fixes = [f.strip() for f in config.sync.compensation.split(',') if f.strip()]
+  fixes = names(config.sync.compensation)
   if fixes and method != 'gradient_delay':
     raise ValueError(f'config.sync.compensation applies to gradient_delay, not {method!r}')
   if unknown := set(fixes) - set(COMPENSATIONS):
@@ -194,7 +194,7 @@ def build_chain(config, workers: runtime.Workers) -> tuple[optax.GradientTransfo
       raise ValueError('config.sync.compensation: spike_compensation replaces SGD momentum; '
                        f'it needs optimizer.name sgd, got {config.optimizer.name!r}')  # fmt: skip
     opt = optax.scale_by_learning_rate(schedule)
-  tx = sync_transform(config, workers, opt, schedule)
+  tx = sync_transform(config, workers, opt)
   place = config_lib.METHODS[method]
   if place == 'after':
     return optax.chain(opt, tx), schedule
