@@ -6,7 +6,7 @@ WORKDIR ?= workdir/digits
 CONFIG ?= configs/digits.py
 ARGS ?=
 
-.PHONY: run test lint format bench results clean
+.PHONY: run test lint format bench bench-peers results clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ format: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) experiments/bench_step.py
+
+# jaxdist's half of ../shared/peers/side_by_side.sh (PyTorch DDP on the same work)
+bench-peers: $(VENV)/.installed
+	$(PY) experiments/bench_peers.py --workdir=workdir/peers
 
 # The README's measured tables: each group of variants trained side by side, its markdown
 # table written to experiments/results/, then copied into README.md.
