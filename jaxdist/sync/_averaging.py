@@ -11,7 +11,6 @@ does not synchronise, its transfers are marked as not having run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxdist import comm
+from jaxdist.sync import _checks
 
 
 def check_averager(averager: Any) -> None:
@@ -97,29 +97,5 @@ def model_sync(averager: optax.GradientTransformation | None, axis_name: comm.Ax
   return sync, skip
 
 
-def concrete(value: Any) -> bool:
-  """Whether `value` is known now, so a factory can check it in Python.
-
-  `optax.inject_hyperparams` passes numeric arguments as arrays, and inside a
-  traced `update` they are tracers: factories check only what is concrete (an
-  injected value is checked where `init` builds the transform from it).
-  """
-  return not isinstance(value, jax.core.Tracer)
-
-
-def check(name: str, value: Any, ok: Callable[[Any], Any], allowed: str) -> None:
-  """Raises `ValueError('{name} must be {allowed}, got {value}')` unless ok(value).
-
-  Skipped when `value` is traced (see `concrete`).
-  """
-  if concrete(value) and not ok(value):
-    raise ValueError(f'{name} must be {allowed}, got {value}')
-
-
 def check_period(period: int) -> None:
-  check('period', period, lambda p: p >= 1, '>= 1')
-
-
-def needs_params(name: str, params: Any) -> None:
-  if params is None:
-    raise ValueError(f'{name} needs params: call update(updates, state, params)')
+  _checks.check('period', period, lambda p: p >= 1, '>= 1')

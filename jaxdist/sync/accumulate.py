@@ -17,7 +17,7 @@ import optax
 from jax import lax
 
 from jaxdist import comm
-from jaxdist.sync import _averaging
+from jaxdist.sync import _checks
 
 
 class AccumulateState(NamedTuple):
@@ -86,7 +86,7 @@ def accumulate(
     large-batch SGD by accumulation: Goyal et al. Accurate, Large Minibatch
     SGD: Training ImageNet in 1 Hour. 2017. https://arxiv.org/abs/1706.02677
   """
-  _averaging.check('k', k, lambda v: v >= 1, '>= 1')
+  _checks.check('k', k, lambda v: v >= 1, '>= 1')
 
   def init_fn(params):
     return AccumulateState(

@@ -38,6 +38,7 @@ from jaxdist import comm, compress, netmodel
 from jaxdist.compress.base import Compressor
 from jaxdist.compress.lowrank import PowerSGD
 from jaxdist.compress.sparsify import scatter, take
+from jaxdist.sync import _checks
 
 COLLECTIVES = ('allgather', 'allreduce', 'auto')
 LEADERS = ('star', 'var')
@@ -466,9 +467,8 @@ def local_clip(max_norm: float, *, axis_name: comm.AxisName) -> optax.GradientTr
     Communication Bandwidth for Distributed Training. ICLR 2018.
     https://arxiv.org/abs/1712.01887
   """
-  from jaxdist.sync import _averaging  # checks that skip injected (traced) values
 
-  _averaging.check('max_norm', max_norm, lambda m: m > 0, '> 0')
+  _checks.check('max_norm', max_norm, lambda m: m > 0, '> 0')
 
   def init_fn(params):
     del params

@@ -47,6 +47,7 @@ from jax.flatten_util import ravel_pytree
 
 from jaxdist import comm
 from jaxdist.compress.quantize import TwoBit
+from jaxdist.sync import _checks
 from jaxdist.sync.compressed import compressed_allreduce
 
 
@@ -119,8 +120,7 @@ def _delayed(
     )
 
   def update_fn(grads, state, params=None):
-    if params is None:
-      raise ValueError('delayed SGD needs params: call update(grads, state, params)')
+    _checks.needs_params('delayed SGD', params)
     warm = state.count < warmup_steps
     # take this step's global model, so the next forward waits for this step's exchange:
     # in warm-up, without delay, and on SSD-SGD's pull steps

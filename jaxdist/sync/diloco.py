@@ -9,7 +9,7 @@ import optax
 from jax import lax
 
 from jaxdist import comm
-from jaxdist.sync import _averaging
+from jaxdist.sync import _averaging, _checks
 
 
 class DiLoCoState(NamedTuple):
@@ -85,7 +85,7 @@ def diloco(
     return DiLoCoState(**fields | dict(anchor=params, outer_state=outer.init(params)))
 
   def update_fn(updates, state, params=None):
-    _averaging.needs_params('diloco', params)
+    _checks.needs_params('diloco', params)
     due = comm.agree((state.count + 1) % period == 0, axis_name)
     updates, anchor, outer_state, avg_state, wire = lax.cond(
       due, sync, skip, params, updates, state.anchor, state.outer_state, state.averager, state.wire

@@ -39,6 +39,7 @@ import optax
 from jax import lax
 
 from jaxdist import comm
+from jaxdist.sync import _checks
 
 TOPOLOGIES = ('ring', 'torus', 'exponential', 'one_peer_exponential', 'complete')
 
@@ -199,8 +200,7 @@ def gossip(
     return GossipState(count=jnp.zeros([], jnp.int32), wire=(sent,) * per_step)
 
   def update_fn(updates, state, params=None):
-    if params is None:
-      raise ValueError('gossip needs params: call update(updates, state, params)')
+    _checks.needs_params('gossip', params)
     n = comm.axis_size(axis_name)
     count = optax.safe_increment(state.count)
     if n == 1:  # a lone worker (e.g. timing one worker's step) has nobody to mix with

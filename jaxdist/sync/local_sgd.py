@@ -15,7 +15,7 @@ import optax
 from jax import lax
 
 from jaxdist import comm
-from jaxdist.sync import _averaging
+from jaxdist.sync import _averaging, _checks
 
 
 class LocalSGDState(NamedTuple):
@@ -85,7 +85,7 @@ def local_sgd(
     ICLR 2020 (post-local SGD). https://arxiv.org/abs/1808.07217
   """
   _averaging.check_period(period)
-  _averaging.check('warmup_steps', warmup_steps, lambda w: w >= 0, '>= 0')
+  _checks.check('warmup_steps', warmup_steps, lambda w: w >= 0, '>= 0')
   _averaging.check_averager(averager)
   sync, skip = _averaging.model_sync(averager, axis_name)
 
@@ -93,7 +93,7 @@ def local_sgd(
     return LocalSGDState(**_averaging.init_sync(params, averager))
 
   def update_fn(updates, state, params=None):
-    _averaging.needs_params('local_sgd', params)
+    _checks.needs_params('local_sgd', params)
     due = ((state.count + 1) % period == 0) | (state.count < warmup_steps)
     due = comm.agree(due, axis_name)
     updates, anchor, avg_state, wire = lax.cond(

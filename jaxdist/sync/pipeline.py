@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxdist.sync import _averaging
+from jaxdist.sync import _checks
 
 
 def _delays(delay, tree) -> Any:
@@ -110,7 +110,7 @@ def spike_compensation(delay: int | Any, momentum: float) -> optax.GradientTrans
     https://arxiv.org/abs/2003.11666
   """
   _validate(delay)
-  _averaging.check('momentum', momentum, lambda m: 0 <= m < 1, 'in [0, 1)')
+  _checks.check('momentum', momentum, lambda m: 0 <= m < 1, 'in [0, 1)')
 
   def init_fn(params):
     return SpikeState(jax.tree.map(jnp.zeros_like, params))
@@ -173,8 +173,7 @@ def linear_weight_prediction(delay: int | Any) -> optax.GradientTransformation:
     return PredictionState(params)
 
   def update_fn(updates, state, params=None):
-    if params is None:
-      raise ValueError('linear_weight_prediction needs params: call update(updates, state, params)')
+    _checks.needs_params('linear_weight_prediction', params)
     delays = _delays(delay, updates)
     weights = optax.apply_updates(state.weights, updates)
     predicted = jax.tree.map(lambda w, u, d: w + d * u, weights, updates, delays)

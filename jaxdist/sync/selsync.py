@@ -10,7 +10,7 @@ import optax
 from jax import lax
 
 from jaxdist import comm
-from jaxdist.sync import _averaging
+from jaxdist.sync import _averaging, _checks
 
 
 class SelSyncState(NamedTuple):
@@ -52,9 +52,9 @@ def _push(buffer: jax.Array, value: jax.Array) -> jax.Array:
 
 
 def _check(threshold: float, window: int, alpha: float, norm: str) -> None:
-  _averaging.check('threshold', threshold, lambda t: t >= 0, '>= 0')
-  _averaging.check('window', window, lambda w: w >= 1, '>= 1')
-  _averaging.check('alpha', alpha, lambda a: 0 <= a < 1, 'in [0, 1)')
+  _checks.check('threshold', threshold, lambda t: t >= 0, '>= 0')
+  _checks.check('window', window, lambda w: w >= 1, '>= 1')
+  _checks.check('alpha', alpha, lambda a: 0 <= a < 1, 'in [0, 1)')
   gradient_norm(jnp.zeros(1), norm)  # validates `norm`
 
 
@@ -161,7 +161,7 @@ def selsync(
     )
 
   def update_fn(grads, state, params=None):
-    _averaging.needs_params('selsync', params)
+    _checks.needs_params('selsync', params)
     norms, smoothed, deltas, significant = _flag(
       state, gradient_norm(grads, norm, squared), threshold, window, alpha
     )

@@ -8,7 +8,7 @@ import jax
 import optax
 
 from jaxdist import comm
-from jaxdist.sync import _averaging
+from jaxdist.sync import _checks
 
 
 class SMAState(NamedTuple):
@@ -59,14 +59,14 @@ def sma(
     (equations follow the authors' code, lsds/Crossbow; the paper's exact
     form was not verified.)
   """
-  _averaging.check('alpha', alpha, lambda a: a >= 0, '>= 0')
-  _averaging.check('momentum', momentum, lambda m: 0 <= m < 1, 'in [0, 1)')
+  _checks.check('alpha', alpha, lambda a: a >= 0, '>= 0')
+  _checks.check('momentum', momentum, lambda m: 0 <= m < 1, 'in [0, 1)')
 
   def init_fn(params):
     return SMAState(params, params, (comm.transfer(comm.ALL_REDUCE, comm.tree_nbytes(params), 0),))
 
   def update_fn(updates, state, params=None):
-    _averaging.needs_params('sma', params)
+    _checks.needs_params('sma', params)
     correction = jax.tree.map(lambda w, z: alpha * (w - z), params, state.center)
     total, sent = comm.psum(correction, axis_name)
     center = jax.tree.map(

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxdist import comm
+from jaxdist.sync import _checks
 
 
 class TickTockState(NamedTuple):
@@ -94,8 +95,7 @@ def tick_tock(
     )
 
   def update_fn(grads, state, params=None):
-    if params is None:
-      raise ValueError('tick_tock needs params: call update(grads, state, params)')
+    _checks.needs_params('tick_tock', params)
     n = comm.axis_size(axis_name)
     if n % waves and n > 1:
       raise ValueError(f'{n} workers do not split into {waves} waves')
