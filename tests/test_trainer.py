@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 from jaxdist import comm, data, models, netmodel, runtime
@@ -234,3 +235,44 @@ def test_equal_speeds_static_batching_is_bsp(tmp_path, data_dir, monkeypatch):
   assert [r['batches'] for r in static[1]] == [[32, 32, 32]] * 4
   for a, b in zip(jax.tree.leaves(plain[2]), jax.tree.leaves(static[2]), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize('workers, devices', [(8, 8), (16, 4)])
+def test_noise_step_is_mean_worker_norm_and_norm_of_the_mean(digits, workers, devices):
+  # reference: each worker's gradient on one device, then the two norms in NumPy
+  layout = runtime.layout(workers, devices=devices)
+  model = models.get('mlp', num_classes=10)
+  state = step_lib.make_init(model, optax.sgd(0.1), layout, digits.image_shape)(jax.random.key(0))
+  idx = data.worker_indices(
+    0, seed=1, num_examples=len(digits.train), workers=workers, per_worker=4
+  )
+  xs, ys = digits.normalize(digits.train.images[idx]), digits.train.labels[idx]
+  put = lambda a: jax.device_put(a, layout.sharding)
+  num, den = step_lib.make_noise_step(model, layout)(state, put(xs), put(ys))
+  params = jax.tree.map(lambda a: np.asarray(a[0]), state.params)
+  flat = []
+  for k in range(workers):
+    g = jax.grad(lambda p, k=k: step_lib.loss_fn(model, p, {}, xs[k], ys[k], True)[0])(params)
+    flat.append(np.concatenate([np.ravel(leaf) for leaf in jax.tree.leaves(g)]).astype(np.float64))
+  flat = np.stack(flat)
+  np.testing.assert_allclose(float(num), np.mean(np.sum(flat**2, axis=1)), rtol=1e-5)
+  np.testing.assert_allclose(float(den), np.sum(flat.mean(0) ** 2), rtol=1e-5)
+  assert 1.0 < float(num) / float(den) < workers
+
+
+def test_noise_of_workers_with_the_same_batch_is_one_and_counts_weight_the_mean(digits):
+  layout = runtime.layout(8)
+  model = models.get('mlp', num_classes=10)
+  state = step_lib.make_init(model, optax.sgd(0.1), layout, digits.image_shape)(jax.random.key(0))
+  xs = np.repeat(digits.normalize(digits.train.images[:4])[None], 8, axis=0)
+  ys = np.repeat(digits.train.labels[:4][None], 8, axis=0)
+  put = lambda a: jax.device_put(a, layout.sharding)
+  num, den = step_lib.make_noise_step(model, layout)(state, put(xs), put(ys))
+  np.testing.assert_allclose(float(num) / float(den), 1.0, rtol=1e-5)  # γ = 1: all agree
+  # counted: worker 0 trains on 4 examples, the rest on 0: the mean is worker 0's gradient
+  counts = put(np.array([4, 0, 0, 0, 0, 0, 0, 0], np.int32))
+  ys2 = ys.copy()
+  ys2[1:] = (ys2[1:] + 1) % 10  # the others' labels differ, but they count for nothing
+  noise = step_lib.make_noise_step(model, layout, counted=True)
+  _, den_w = noise(state, put(xs), put(ys2), counts)
+  np.testing.assert_allclose(float(den_w), float(den), rtol=1e-5)

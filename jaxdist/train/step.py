@@ -155,6 +155,49 @@ def make_train_step(
   )
 
 
+def make_noise_step(
+  model: nn.Module, workers: Workers, counted: bool = False
+) -> Callable[..., tuple[jax.Array, jax.Array]]:
+  """A jitted `(state, x, y[, counts]) -> (mean_k ‖g_k‖², ‖ḡ‖²)`: Scavenger's noise ingredients.
+
+  Each worker's gradient g_k of its loss on its batch at its own parameters
+  (the gradient the train step would compute on the same batch), and the
+  aggregated gradient ḡ (the mean over workers; with `counted`, weighted
+  by the counts, as `weighted_allreduce` aggregates). The numerator is the
+  plain mean (1/K) Σ_k ‖g_k‖², as Eq. 2 of Scavenger writes it. γ =
+  numerator / denominator is in [1, K] with equal weights: 1 when the
+  workers' gradients agree, K when they are orthogonal.
+
+  A measurement beside training, not part of it: it runs a forward and
+  backward pass of its own and one all-reduce that the ledger does not
+  count (the trainer runs it every `config.noise.every` steps, off the
+  clock).
+  """
+
+  def one(params, model_state, x, y, *count):
+    grads = jax.grad(lambda p: loss_fn(model, p, model_state, x, y, True, *count)[0])(params)
+    return grads, optax.tree.norm(grads, squared=True)
+
+  def device(state: TrainState, x, y, *counts):
+    grads, sq = jax.vmap(one)(state.params, state.model_state, x, y, *counts)
+    w = counts[0].astype(jnp.float32) if counts else jnp.ones(sq.shape, jnp.float32)
+    weighted = jax.tree.map(lambda g: jnp.tensordot(w, g.astype(jnp.float32), axes=1), grads)
+    sq_sum, w_sum, g_sum = jax.lax.psum((jnp.sum(sq), jnp.sum(w), weighted), DATA)
+    mean = jax.tree.map(lambda g: g / jnp.maximum(w_sum, 1e-30), g_sum)
+    return sq_sum / workers.count, optax.tree.norm(mean, squared=True)
+
+  mapped = jax.shard_map(
+    device, mesh=workers.mesh, in_specs=P(DATA), out_specs=P(), check_vma=False
+  )
+
+  def noise(state, x, y, *counts):
+    if counted != bool(counts):
+      raise ValueError(f'this step was made with counted={counted}: pass counts iff counted')
+    return mapped(state, x, y, *counts)
+
+  return jax.jit(noise, out_shardings=workers.replicated)
+
+
 def trained_params(state: TrainState) -> optax.Params:
   """The weights being trained: `state.params`, unless the chain hands the model others.
 
