@@ -1,4 +1,4 @@
-"""Datasets (the bundled `digits` as a real tfds builder) and per-worker batching."""
+"""Datasets (the bundled `digits` as a real tfds builder), per-worker batching and partitions."""
 
 from jaxdist.data.loader import (
   BUNDLED,
@@ -11,15 +11,21 @@ from jaxdist.data.loader import (
   synthetic,
   worker_indices,
 )
+from jaxdist.data.partition import KINDS, Batch, Partition, Sampler, make_sampler
 
 __all__ = [
   'BUNDLED',
+  'KINDS',
+  'Batch',
   'Dataset',
   'DatasetError',
+  'Partition',
+  'Sampler',
   'Split',
   'batch_indices',
   'default_data_dir',
   'load',
+  'make_sampler',
   'synthetic',
   'worker_indices',
 ]
