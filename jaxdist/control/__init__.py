@@ -7,14 +7,20 @@ proportional controller on measured iteration times.
 `streams` (ScaDLES, Tyagi & Swany, BigData 2022): devices fed by data streams,
 with stream-proportional batches, truncation or persistence buffers, and the
 aggregation weights and learning-rate scale of those batches.
+
+`scavenger` (Tyagi & Sharma, CCGrid 2023): the gradient-noise meter γ
+(`noise_meter`), affine time/cost models fitted to short profiles, full and
+partial searches over (K, B), and the choice by time, cost or Pareto knee.
 """
 
+from jaxdist.control import scavenger
 from jaxdist.control.dynamic_batching import (
   DynamicBatching,
   DynamicBatchingState,
   allocate,
   dynamic_batching,
 )
+from jaxdist.control.scavenger import NoiseMeter, NoiseMeterState, noise_meter
 from jaxdist.control.streams import (
   RATE_SETS,
   Streams,
@@ -30,12 +36,16 @@ __all__ = [
   'RATE_SETS',
   'DynamicBatching',
   'DynamicBatchingState',
+  'NoiseMeter',
+  'NoiseMeterState',
   'StreamState',
   'Streams',
   'allocate',
   'buffer_report',
   'dynamic_batching',
   'lr_scale',
+  'noise_meter',
+  'scavenger',
   'stream_rates',
   'streams',
   'weights',
