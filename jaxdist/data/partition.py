@@ -127,6 +127,14 @@ class Sampler:
     num_workers: workers K.
     shards: of `'labels'`: worker k's examples (sorted indices); else None.
     worker_labels: of `'labels'`: the labels worker k holds (sorted); else None.
+
+  Example:
+    >>> import numpy as np
+    >>> from jaxdist import data
+    >>> sampler = data.make_sampler(data.Partition('seldp'), np.zeros(12, np.int32), num_workers=3)
+    >>> rows = sampler.indices(0, [2, 2, 2]).indices  # disjoint across workers
+    >>> len(set(np.concatenate(rows).tolist()))
+    6
   """
 
   def __init__(
@@ -205,7 +213,10 @@ class Sampler:
     return np.asarray([math.floor(b * o + _EPS) for o in own], np.int64)
 
   def _check_sizes(self, sizes: Sequence[int]) -> list[int]:
-    sizes = [int(s) for s in np.asarray(sizes).reshape(-1)]
+    raw = np.asarray(sizes).reshape(-1)
+    sizes = [int(s) for s in raw]
+    if not np.array_equal(raw, sizes):
+      raise ValueError(f'per-worker batch sizes must be integers, got {raw.tolist()}')
     if len(sizes) != self.num_workers:
       raise ValueError(f'sizes must have one entry per worker ({self.num_workers}), got {sizes}')
     if min(sizes) < 1:
