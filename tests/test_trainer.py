@@ -276,3 +276,110 @@ def test_noise_of_workers_with_the_same_batch_is_one_and_counts_weight_the_mean(
   noise = step_lib.make_noise_step(model, layout, counted=True)
   _, den_w = noise(state, put(xs), put(ys2), counts)
   np.testing.assert_allclose(float(den_w), float(den), rtol=1e-5)
+
+
+# --- streams (ScaDLES), partitions and injection ----------------------------------------------
+
+
+def test_streams_and_partitions_fail_clearly_naming_the_key(tmp_path, data_dir, monkeypatch):
+  monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
+  bad = [
+    (dict(batching='stream'), r"config.batching='stream' .* config.cluster.stream_rates"),
+    (dict(batching='dynamic', **{'cluster.stream_rates': 'S10'}), r'choose one way'),
+    (dict(batching='stream', **{'cluster.stream_rates': 'S10', 'sync.method': 'local_sgd'}),
+     r'needs sync.method=allreduce'),
+    (dict(batching='stream', **{'cluster.stream_rates': 'S10', 'streams.b_min': 50,
+                                'streams.b_max': 40}), r'config.streams: .*b_min'),
+    (dict(batching='stream', **{'cluster.stream_rates': 'S10', 'streams.buffer': 'forever'}),
+     r'config.streams: .*buffer'),
+    ({'cluster.stream_rates': 'S99'}, r'config.cluster.stream_rates must be comma-separated'),
+    ({'cluster.stream_rates': '10,20'}, r'config.cluster: stream_rates has 2 workers'),
+    ({'cluster.stream_rates': '10,-1,5'}, r'stream_rates must all be >= 0'),
+    ({'partition.inject_alpha': 1.5}, r'config.partition: .*inject_alpha'),
+    ({'partition.inject_beta': -0.1}, r'config.partition: .*inject_beta'),
+    ({'partition.kind': 'sorted'}, r'config.partition: kind must be one of'),
+    ({'partition.labels_per_worker': 11, 'partition.kind': 'labels'},
+     r'config.partition: .*labels_per_worker'),
+  ]  # fmt: skip
+  for overrides, message in bad:
+    config = factory.load_config(
+      f'{REPO}/configs/digits.py:runlocal,workers=3', batch_size=96, **overrides
+    )
+    with pytest.raises(factory.ConfigError, match=message):
+      factory.build(config, str(tmp_path / 'never'))
+  assert not (tmp_path / 'never').exists()
+
+
+def test_scale_multiplies_the_learning_rate_of_momentum_sgd(digits):
+  # ScaDLES's lr scaling Σb/B: scaling each step's update by s == SGD with lr · s, momentum kept
+  from jaxdist import sync
+
+  layout = runtime.layout(4)
+  model = models.get('mlp', num_classes=10)
+  idx = data.worker_indices(0, seed=1, num_examples=len(digits.train), workers=4, per_worker=8)
+  put = lambda a: jax.device_put(a, layout.sharding)
+  x, y = put(digits.normalize(digits.train.images[idx])), put(digits.train.labels[idx])
+  counts, scale = put(np.full(4, 8, np.int32)), put(np.full(4, 2.5, np.float32))
+  out = []
+  for lr, extra in ((0.04, (counts, scale)), (0.1, (counts,))):
+    tx = optax.chain(sync.weighted_allreduce(axis_name=layout.axis_name), optax.sgd(lr, 0.9))
+    state = step_lib.make_init(model, tx, layout, digits.image_shape)(jax.random.key(0))
+    step = step_lib.make_train_step(model, tx, layout, counted=True)
+    for _ in range(3):
+      state, _ = step(state, x, y, *extra)
+    out.append(state.params)
+  for a, b in zip(jax.tree.leaves(out[0]), jax.tree.leaves(out[1]), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_equal_streams_of_one_batch_a_second_are_bsp(tmp_path, data_dir, monkeypatch):
+  # S_k · 1 s = B / K for every worker: batches B / K, weights 1 / K, lr scale 1 == plain BSP
+  plain = run_digits(tmp_path, 'plain', data_dir, monkeypatch, steps=4)
+  streams = {'cluster.stream_rates': '32,32,32', 'streams.b_max': 32}
+  stream = run_digits(tmp_path, 'stream', data_dir, monkeypatch, steps=4, batching='stream',
+                      **streams)  # fmt: skip
+  assert [r['batches'] for r in stream[1]] == [[32, 32, 32]] * 4
+  np.testing.assert_allclose(stream[1][0]['wait_s'], [1.0, 1.0, 1.0])  # empty buffers: 32 / 32
+  for a, b in zip(jax.tree.leaves(plain[2]), jax.tree.leaves(stream[2]), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  # the clock charges the waits: step 1 waits 1 s for data, then computes and syncs
+  assert stream[0]['modelled_s@1gbps'] > plain[0]['modelled_s@1gbps'] + 1.0
+
+
+def test_streams_proportional_batches_wait_less_than_fixed_ones(tmp_path, data_dir, monkeypatch):
+  # rates (8, 32, 56)/s: fixed B/K = 32 makes the slow stream wait 32/8 = 4 s at the start;
+  # proportional batches (8, 32, 56) wait 1 s each, and the buffers keep what streams in
+  rates = {'cluster.stream_rates': '8,32,56', 'streams.b_max': 64, 'streams.b_min': 8,
+           'streams.buffer': 'persistence'}  # fmt: skip
+  fixed = run_digits(tmp_path, 'fixed', data_dir, monkeypatch, steps=3, **rates)
+  prop = run_digits(tmp_path, 'prop', data_dir, monkeypatch, steps=3, batching='stream', **rates)
+  assert fixed[1][0]['batches'] == [32, 32, 32] and prop[1][0]['batches'] == [8, 32, 56]
+  np.testing.assert_allclose(fixed[1][0]['wait_s'], [4.0, 1.0, 32 / 56])
+  np.testing.assert_allclose(prop[1][0]['wait_s'], [1.0, 1.0, 1.0])
+  assert prop[0]['modelled_s@1gbps'] < fixed[0]['modelled_s@1gbps']
+  assert fixed[0]['buffer_peak_total'] > prop[0]['buffer_peak_total'] > 0
+
+
+def test_label_partition_gives_each_worker_its_labels_and_injection_counts_bytes(
+  tmp_path, data_dir, monkeypatch
+):
+  from jaxdist.train import trainer
+
+  monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
+  overrides = {'partition.kind': 'labels', 'partition.labels_per_worker': 1}
+  config = factory.load_config(
+    f'{REPO}/configs/digits.py:runlocal,workers=10', batch_size=160, **overrides
+  )
+  exp = factory.build(config, str(tmp_path / 'x'))
+  (_, y), injected = trainer.put_batch(exp, 0)
+  labels = [set(np.asarray(row).tolist()) for row in jax.device_get(y)]
+  assert all(len(s) == 1 for s in labels) and set().union(*labels) == set(range(10))
+  assert not injected.any()
+  config.partition.update(inject_alpha=0.5, inject_beta=0.5)
+  exp = factory.build(config, str(tmp_path / 'x'))
+  (_, y), injected = trainer.put_batch(exp, 0)
+  # b = 16, K = 10: b' = ceil(16 / 3.5) = 5, share floor(0.5 · 5) = 2, 5 senders;
+  # a sender receives 4 · 2 = 8, the others 5 · 2 = 10
+  assert sorted(injected.tolist()) == [8] * 5 + [10] * 5
+  labels = [set(np.asarray(row).tolist()) for row in jax.device_get(y)]
+  assert all(len(s) > 1 for s in labels)  # foreign labels arrived everywhere

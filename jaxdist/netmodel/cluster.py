@@ -342,6 +342,7 @@ class WorkerClock:
     overlap_s: float = 0.0,
     *,
     synced: bool | None = None,
+    data_wait_s: Sequence[float] | float = 0.0,
   ) -> np.ndarray:
     """Advances every worker's clock by one step; returns [K] compute seconds (c[t, ·]).
 
@@ -351,9 +352,12 @@ class WorkerClock:
       overlap_s: its communication overlapping the next compute (`overlap_s@net`).
       synced: of 'periodic': whether this step synchronises (a barrier);
         default: comm_s > 0.
+      data_wait_s: how long each worker (or every worker) waits for its
+        data before it computes (streamed data, `jd.control.streams`).
     """
     compute = self.cluster.compute_seconds(self.step, batches, self.per_example_s)
     own = np.array([step_time(c, comm_s, overlap_s) for c in compute])  # s[t, k]
+    own = own + np.broadcast_to(np.asarray(data_wait_s, float), own.shape)
     ready = self.finish_s + own  # each worker alone
     if self.wait == 'bsp' or (
       self.wait == 'periodic' and (comm_s > 0 if synced is None else synced)

@@ -182,7 +182,9 @@ def cluster() -> ml_collections.ConfigDict:
   c.straggler_slowdown = 2.0  # its compute time then, times this
   c.seed = 0
   c.phases = ''  # speeds that change, repeated: 'steps:factor,...;steps:factor,...'
-  c.stream_rates = ''  # samples/s arriving at each worker (streaming)
+  # samples/s streaming into each worker (ScaDLES): numbers, or a rate set drawn
+  # with `seed`: 'S1' | 'S2' (uniform) | 'S10' | 'S20' (normal); see config.streams
+  c.stream_rates = ''
   c.price = 0.0  # per worker-hour
   return c
 
@@ -309,8 +311,26 @@ def base() -> ml_collections.ConfigDict:
   # batches are averaged with weights b_k / G (sync.weighted_allreduce): they need
   # sync.method=allreduce and a config.cluster. Each worker holds b_max examples
   # (default: the global batch) and trains on its first b_k.
+  # 'stream': ScaDLES's stream-proportional batches (config.cluster.stream_rates and
+  # config.streams), averaged with weights b_k / Σb and the learning rate scaled by Σb / B;
+  # with stream rates and 'uniform' batches, every worker waits for its B / K examples
+  # (the paper's fixed-batch baseline).
   config.batching = 'uniform'
   config.dynamic_batching = dict(b_min=1, b_max=_int(), deadband=0.05, decay=0.5, interval=10)
+  # ScaDLES's buffers and batch bounds (jd.control.streams); b_max defaults to the global batch
+  config.streams = dict(b_min=8, b_max=_int(), buffer='truncation', interval_s=1.0)
+
+  # Which examples each worker trains on (jd.data.Partition): 'iid' (slices of one shuffled
+  # global batch), 'seldp' (SelSync's rotation: every worker reads the whole dataset, from
+  # its own chunk on) or 'labels' (non-IID: each worker holds labels_per_worker labels),
+  # with randomised data injection: a fraction inject_alpha of the workers shares
+  # inject_beta of its batch with every other worker each step (bytes counted).
+  config.partition = dict(kind='iid', labels_per_worker=1, inject_alpha=0.0, inject_beta=0.0)
+
+  # Scavenger's gradient-noise indicator γ = mean_k ‖g_k‖² / ‖ḡ‖², measured every
+  # noise_every steps (0: never) beside training, off the clock, EWMA with noise_decay.
+  config.noise_every = 10
+  config.noise_decay = 0.9
 
   config.eval_every = 20
   config.eval_batch_size = 1024

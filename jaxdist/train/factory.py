@@ -244,6 +244,15 @@ def _phases(text: str) -> tuple[tuple[int, tuple[float, ...]], ...]:
   return tuple(phases)
 
 
+def _stream_rates(cfg, num_workers: int) -> tuple[float, ...]:
+  """`cluster.stream_rates`: numbers, or a named rate set drawn for `num_workers` workers."""
+  text = str(cfg.stream_rates).strip()
+  if text.upper() in control.RATE_SETS:
+    rates = control.stream_rates(text.upper(), num_workers, seed=cfg.seed)
+    return tuple(float(r) for r in rates)
+  return _numbers(text, 'cluster.stream_rates')
+
+
 def build_cluster(cfg, num_workers: int) -> netmodel.Cluster | None:
   """The cluster `config.cluster` describes, or None (equal workers: no cluster model)."""
   kwargs = dict(
@@ -251,11 +260,12 @@ def build_cluster(cfg, num_workers: int) -> netmodel.Cluster | None:
     straggler_slowdown=cfg.straggler_slowdown,
     seed=cfg.seed,
     phases=_phases(cfg.phases),
-    stream_rates=_numbers(cfg.stream_rates, 'cluster.stream_rates'),
+    stream_rates=_stream_rates(cfg, num_workers),
     price=cfg.price,
   )
   speeds, cores = _numbers(cfg.speeds, 'cluster.speeds'), str(cfg.cores).strip()
-  if not (speeds or cores or cfg.straggler_p or kwargs['phases'] or cfg.price):
+  described = speeds or cores or cfg.straggler_p or kwargs['phases'] or cfg.price
+  if not (described or kwargs['stream_rates']):
     return None
   if speeds and cores:
     raise ValueError('config.cluster: give speeds or cores, not both')
@@ -293,32 +303,62 @@ def waiting_rule(config, num_workers: int) -> dict[str, Any]:
   return {'wait': 'bsp'}
 
 
-BATCHING = ('uniform', 'static', 'dynamic')
+BATCHING = ('uniform', 'static', 'dynamic', 'stream')
 
 
-def build_batching(config, cluster: netmodel.Cluster | None) -> control.DynamicBatching | None:
-  """The batch-size controller `config.batching` asks for (None: uniform batches)."""
+def build_batching(
+  config, cluster: netmodel.Cluster | None
+) -> control.DynamicBatching | control.Streams | None:
+  """The batch-size controller `config.batching` asks for (None: uniform batches).
+
+  Streams (`config.cluster.stream_rates`) give a `control.Streams`: with
+  'stream', ScaDLES's stream-proportional batches; with 'uniform', the fixed
+  B / K of the paper's baseline (every worker waits for its data).
+  """
   mode = config.batching
   if mode not in BATCHING:
     raise ValueError(f'config.batching must be one of {BATCHING}, got {mode!r}')
-  if mode == 'uniform':
+  rates = cluster.stream_rates if cluster is not None else ()
+  if mode == 'uniform' and not rates:
     return None
+  if mode == 'stream' and not rates:
+    raise ValueError(
+      "config.batching='stream' sizes batches by the data streaming in: give "
+      "config.cluster.stream_rates (numbers per worker, or a rate set 'S1', 'S2', 'S10', 'S20')"
+    )
+  if rates and mode in ('static', 'dynamic'):
+    raise ValueError(
+      f'config.batching={mode!r} and config.cluster.stream_rates: choose one way to size '
+      "batches ('stream' for streams)"
+    )
   if cluster is None:
     raise ValueError(
       f"config.batching={mode!r} sizes batches by the workers' speeds: describe them in "
       'config.cluster (speeds or cores)'
     )
-  if config.sync.method != 'allreduce':
+  if mode != 'uniform' and config.sync.method != 'allreduce':
     raise ValueError(
-      f'config.batching={mode!r} averages gradients with weights b_k / G: it needs '
+      f'config.batching={mode!r} averages gradients with weights b_k / Σb: it needs '
       f'sync.method=allreduce, got {config.sync.method!r}'
     )
-  section = config.dynamic_batching
-  ctl = call(control.dynamic_batching, 'dynamic_batching', section, global_batch=config.batch_size)
+  if rates:
+    section = dict(config.streams)
+    section['b_max'] = section['b_max'] or config.batch_size
+    policy = 'proportional' if mode == 'stream' else 'fixed'
+    ctl = call(
+      control.streams, 'streams', section, rates=rates, base_batch=config.batch_size, policy=policy
+    )
+    where = 'streams'
+  else:
+    section = config.dynamic_batching
+    ctl = call(
+      control.dynamic_batching, 'dynamic_batching', section, global_batch=config.batch_size
+    )
+    where = 'dynamic_batching'
   try:
-    ctl.init(config.workers)  # the bounds admit the global batch
+    ctl.init(config.workers)  # the bounds admit the batches
   except ValueError as e:
-    raise ValueError(f'config.dynamic_batching: {e}') from e
+    raise ValueError(f'config.{where}: {e}') from e
   return ctl
 
 
@@ -352,14 +392,27 @@ class Experiment:
   workers: runtime.Workers
   networks: dict[str, netmodel.Network | netmodel.Schedule]
   cluster: netmodel.Cluster | None = None
-  batching: control.DynamicBatching | None = None  # per-worker batch sizes (None: uniform)
+  # per-worker batch sizes (None: uniform)
+  batching: control.DynamicBatching | control.Streams | None = None
+  sampler: data.Sampler | None = None  # which examples each worker trains on
+
+  @property
+  def counted(self) -> bool:
+    """Whether workers' batches may differ: the step takes counts and weights by them."""
+    return self.config.batching != 'uniform'
 
   @property
   def held(self) -> int:
     """Examples each worker holds per step: its batch, or b_max with per-worker batches."""
-    if self.batching is None:
+    if not self.counted:
       return self.per_worker
-    return self.config.dynamic_batching.b_max or self.config.batch_size
+    section = self.config.streams if self.streaming else self.config.dynamic_batching
+    return section.b_max or self.config.batch_size
+
+  @property
+  def streaming(self) -> bool:
+    """Whether data streams in (ScaDLES): workers wait for it; 'stream' scales the lr."""
+    return isinstance(self.batching, control.Streams)
 
   @property
   def per_worker(self) -> int:
@@ -443,7 +496,21 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     data.batch_indices(
       0, seed=config.seed, num_examples=len(ds.train), batch_size=config.batch_size
     )
+    sampler = build_sampler(config, ds)
     model = models.get(config.model.name, num_classes=ds.num_classes)
   except ValueError as e:
     raise ConfigError(str(e)) from e
-  return Experiment(config, workdir, ds, model, tx, schedule, workers, networks, cluster, batching)
+  return Experiment(
+    config, workdir, ds, model, tx, schedule, workers, networks, cluster, batching, sampler
+  )
+
+
+def build_sampler(config, ds: data.Dataset) -> data.Sampler:
+  """The sampler of `config.partition`, checked on the first step's uniform batches."""
+  partition = call(data.Partition, 'partition', config.partition, seed=config.seed)
+  try:
+    sampler = data.make_sampler(partition, ds.train.labels, config.workers)
+    sampler.indices(0, [config.batch_size // config.workers] * config.workers)
+  except ValueError as e:
+    raise ValueError(f'config.partition: {e}') from e
+  return sampler

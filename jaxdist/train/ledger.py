@@ -46,6 +46,25 @@ class Ledger:
     largest = max((t.nbytes for t in self.transfers), default=None)
     self._largest = [i for i, t in enumerate(self.transfers) if t.nbytes == largest]
 
+  @classmethod
+  def of(cls, exp, transfers: Sequence[comm.Transfer], compute_s: float) -> Ledger:
+    """The ledger of a run (`factory.Experiment`): its workers, networks and algorithm."""
+    cfg = exp.config
+    return cls(transfers, exp.workers.count, exp.networks, cfg.network.algorithm, compute_s)
+
+  def sync_s(self, step: int) -> float:
+    """Seconds of step `step`'s (0-based) communication if every collective ran once.
+
+    On the first network; blocking and overlapped alike. What a
+    synchronising step costs, known before the step runs (streams use it
+    for how long data streamed in).
+    """
+    if not self.networks:
+      return 0.0
+    first = next(iter(self.networks))
+    r = self.record(step + 1, [self.n] * len(self.transfers))
+    return r[f'comm_s@{first}'] + r.get(f'overlap_s@{first}', 0.0)
+
   def record(self, step: int, counts: Sequence[int]) -> dict[str, Any]:
     """The ledger's fields of step `step` (1-based) whose collectives ran `counts` times in all."""
     n = self.n
@@ -83,7 +102,8 @@ def modelled_clock(
   (a heterogeneous cluster, `factory.Experiment.clock`), the records are
   replayed through it: each worker computes its batch (the record's
   `batches`, or the uniform one) at its own speed and the method's waiting
-  rule decides who waits for whom.
+  rule decides who waits for whom; a worker first waits for its data
+  (`wait_s`, streams) if the record says so.
 
   Args:
     records: the run's per-step records, from its first step.
@@ -99,7 +119,8 @@ def modelled_clock(
     else:
       uniform = compute_s / clock.per_example_s if clock.per_example_s else 0.0
       batches = r.get('batches', uniform)  # per-worker batches, when the run chose them
-      clock.advance(batches, blocking, hidden, synced=bool(r.get('synced', True)))
+      synced = bool(r.get('synced', True))
+      clock.advance(batches, blocking, hidden, synced=synced, data_wait_s=r.get('wait_s', 0.0))
       total = clock.total_s
     out.append((r['step'], total))
   return out

@@ -87,7 +87,7 @@ def make_train_step(
   staggered: bool = False,
   counted: bool = False,
 ) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
-  """A jitted `(state, x_WxBx..., y_WxB[, counts_W]) -> (state, metrics)`; the state is donated.
+  """A jitted `(state, x_WxBx..., y_WxB[, counts_W[, scale_W]]) -> (state, metrics)`; donates state.
 
   Each device runs its workers' forward/backward passes, then the optax
   chain (which may communicate over `workers.axis_name`) for all of them.
@@ -100,7 +100,10 @@ def make_train_step(
   With `counted`, worker k trains on the first counts[k] of its B examples
   (per-worker batch sizes with static shapes: changing them never
   recompiles), and the chain gets the count as optax's extra argument
-  `weight` (for `jd.sync.weighted_allreduce`).
+  `weight` (for `jd.sync.weighted_allreduce`). A `scale` multiplies each
+  worker's update after the chain: the learning rate scaled for this step
+  only (ScaDLES's linear scaling by Σb / B; exact for any optax optimizer,
+  whose update is the learning rate times a direction).
 
   Metrics, replicated: `loss` and `accuracy` averaged over workers (over
   examples, with `counted`), and
@@ -115,20 +118,22 @@ def make_train_step(
     accuracy = masked_mean(correct, *count) if count else jnp.mean(correct)
     return grads, model_state, loss, accuracy
 
-  def update(grads, opt_state, params, *count):
-    extra = {'weight': count[0]} if count else {}
-    updates, opt_state = tx.update(grads, opt_state, params, **extra)
+  def update(grads, opt_state, params, *extra):  # extra: (count,) or (count, scale)
+    kwargs = {'weight': extra[0]} if extra else {}
+    updates, opt_state = tx.update(grads, opt_state, params, **kwargs)
+    if len(extra) > 1:
+      updates = jax.tree.map(lambda u: u * extra[1].astype(u.dtype), updates)
     return optax.apply_updates(params, updates), opt_state
 
-  def device_step(state: TrainState, x, y, *counts):  # leading axis: this device's workers
-    args = (state.params, state.model_state, x, y, *counts)
+  def device_step(state: TrainState, x, y, *extra):  # leading axis: this device's workers
+    args = (state.params, state.model_state, x, y, *extra[:1])
     if staggered:
       wave = jax.checkpoint(lambda args: gradients(*args))
       grads, model_state, loss, accuracy = jax.lax.map(wave, args)
     else:
       grads, model_state, loss, accuracy = jax.vmap(gradients)(*args)
     params, opt_state = jax.vmap(update, axis_name=SIM)(
-      grads, state.opt_state, state.params, *counts
+      grads, state.opt_state, state.params, *extra
     )
     return TrainState(params, model_state, opt_state), {'loss': loss, 'accuracy': accuracy}
 
@@ -136,10 +141,13 @@ def make_train_step(
     device_step, mesh=workers.mesh, in_specs=P(DATA), out_specs=P(DATA), check_vma=False
   )
 
-  def step(state, x, y, *counts):
-    if counted != bool(counts):
-      raise ValueError(f'this step was made with counted={counted}: pass counts iff counted')
-    state, per_worker = mapped(state, x, y, *counts)
+  def step(state, x, y, *extra):
+    if counted != bool(extra) or len(extra) > 2:
+      raise ValueError(
+        f'this step was made with counted={counted}: pass counts (and a scale) iff counted'
+      )
+    state, per_worker = mapped(state, x, y, *extra)
+    counts = extra[:1]
     if counts:  # a mean over examples: workers weighted by their batches
       w = counts[0].astype(jnp.float32) / jnp.maximum(jnp.sum(counts[0]), 1)
       metrics = {k: jnp.sum(v * w) for k, v in per_worker.items()}

@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdist import comm, data, runtime, timing
+from jaxdist import comm, control, data, runtime, timing
 from jaxdist.train import checkpoint, factory, ledger, metrics, report
 from jaxdist.train import step as step_lib
 
@@ -32,31 +32,28 @@ BATCHES_PLOT = 'batches.png'
 ConfigError = factory.ConfigError
 
 
-def put_batch(exp: factory.Experiment, t: int, sizes=None) -> tuple[jax.Array, ...]:
-  """Global batch `t` as [workers, held, ...] arrays; each process loads its own workers.
+def put_batch(
+  exp: factory.Experiment, t: int, sizes=None, scale: float | None = None
+) -> tuple[tuple[jax.Array, ...], np.ndarray]:
+  """Global batch `t` as [workers, held, ...] arrays, and [K] examples each worker received.
 
-  With per-worker batch `sizes` ([W] ints summing to the global batch), worker
-  k's examples are the k-th consecutive slice of the global batch, repeated
-  to fill its `exp.held` slots (the step trains on the first sizes[k]), and
-  the sizes come as a third array.
+  `exp.sampler` chooses each worker's examples (`jd.data.Partition`: iid,
+  SelDP, non-IID labels, with or without data injection). With per-worker
+  batch `sizes` ([K] ints), worker k's examples are repeated to fill its
+  `exp.held` slots (the step trains on the first sizes[k]); with
+  `exp.counted` the sizes come as a third array and a learning-rate
+  `scale`, if given, as a fourth. Each process loads its own workers.
   """
   w, split = exp.workers, exp.dataset.train
-  if sizes is None:
-    idx = data.worker_indices(
-      t, seed=exp.config.seed, num_examples=len(split), workers=w.count, per_worker=exp.per_worker
-    )
-  else:
-    flat = data.batch_indices(
-      t, seed=exp.config.seed, num_examples=len(split), batch_size=exp.config.batch_size
-    )
-    parts = np.split(flat, np.cumsum(sizes)[:-1])
-    idx = np.stack([np.resize(part, exp.held) for part in parts])
-  idx = idx[w.local_workers()]
+  batch = exp.sampler.indices(t, [exp.per_worker] * w.count if sizes is None else sizes)
+  idx = np.stack([np.resize(part, exp.held) for part in batch.indices])[w.local_workers()]
   arrays = [exp.dataset.normalize(split.images[idx]), split.labels[idx]]
-  if sizes is not None:
+  if exp.counted:
     arrays.append(np.asarray(sizes, np.int32)[w.local_workers()])
+    if scale is not None:
+      arrays.append(np.full(w.count, scale, np.float32)[w.local_workers()])
   put = lambda a: jax.make_array_from_process_local_data(w.sharding, a, (w.count, *a.shape[1:]))
-  return tuple(put(a) for a in arrays)
+  return tuple(put(a) for a in arrays), batch.injected
 
 
 def eval_chunks(exp: factory.Experiment) -> list[tuple[jax.Array, ...]]:
@@ -98,7 +95,7 @@ def measure_worker_step(exp: factory.Experiment, repeats: int = 20) -> float:
   modelled clock.
   """
   one = runtime.layout(1, devices=1, device_list=jax.local_devices()[:1])
-  counted = exp.batching is not None
+  counted = exp.counted
   init = step_lib.make_init(exp.model, exp.tx, one, exp.dataset.image_shape)
   train_step = step_lib.make_train_step(exp.model, exp.tx, one, counted=counted)
   idx = data.batch_indices(
@@ -117,18 +114,25 @@ def measure_worker_step(exp: factory.Experiment, repeats: int = 20) -> float:
 
 
 class Batches:
-  """Per-worker batch sizes of a run: uniform, static, or set by the dynamic-batching controller.
+  """Per-worker batch sizes of a run: uniform, static, dynamic, or set by the data streaming in.
 
   Each step the cluster's modelled compute time of every worker (batch /
-  speed × the measured time per example) is what the controller observes,
-  as the worker's iteration time would be on real heterogeneous hardware.
+  speed × the measured time per example) is what the dynamic-batching
+  controller observes, as the worker's iteration time would be on real
+  heterogeneous hardware. With streams (`jd.control.streams`) each step's
+  modelled time (the slowest worker's compute plus `comm_s(t)`, the
+  step's synchronisation on the first network) is how long data streamed
+  in; the record keeps each worker's wait for data, which the modelled
+  clock charges.
   """
 
-  def __init__(self, exp: factory.Experiment, compute_s: float):
-    self.exp, self.ctl = exp, exp.batching
+  def __init__(self, exp: factory.Experiment, compute_s: float, comm_s: Callable[[int], float]):
+    self.exp, self.ctl, self.comm_s = exp, exp.batching, comm_s
     self.per_example_s = compute_s / exp.per_worker
     self.state = None
-    if self.ctl is not None:
+    if exp.streaming:
+      self.state = self.ctl.init(exp.workers.count)
+    elif self.ctl is not None:
       speeds = exp.cluster.speeds if exp.config.batching == 'static' else None
       self.state = self.ctl.init(exp.workers.count, speeds)
 
@@ -136,33 +140,134 @@ class Batches:
   def sizes(self) -> np.ndarray | None:
     return None if self.state is None else self.state.batches
 
+  @property
+  def scale(self) -> float | None:
+    """ScaDLES's learning-rate scale Σb / B of this step ('stream' batches), else None."""
+    if self.exp.config.batching != 'stream':
+      return None
+    return control.lr_scale(self.state.batches, self.exp.config.batch_size)
+
   def observe(self, t: int) -> dict[str, Any]:
-    """Step t's batches and modelled compute times; the controller takes the times."""
+    """Step t's batches, modelled compute times (and waits); the controller takes the times."""
     if self.state is None:
       return {}
     times = self.exp.cluster.compute_seconds(t, self.state.batches, self.per_example_s)
     record = {'batches': self.state.batches.tolist(), 'compute_s': times.tolist()}
-    if self.exp.config.batching == 'dynamic':
+    if self.exp.streaming:
+      record.update(wait_s=self.state.wait_s.tolist(), queue=self.state.queue.tolist())
+      self.state = self.ctl.update(self.state, float(times.max()) + self.comm_s(t))
+    elif self.exp.config.batching == 'dynamic':
       self.state = self.ctl.update(self.state, times)
     return record
 
+  def summary(self) -> dict[str, Any]:
+    """The streams' buffers (ScaDLES's persistence vs truncation), if any."""
+    if not self.exp.streaming:
+      return {}
+    image = self.exp.dataset.train.images
+    report = control.buffer_report(self.state, bytes_per_sample=image[0].nbytes)
+    return {f'buffer_{k}': v for k, v in report.items() if not isinstance(v, list)}
+
   def to_json(self) -> dict[str, Any]:
+    """The controller's state for a checkpoint's metadata (NaN as None)."""
     if self.state is None:
       return {}
-    s = self.state
-    mean = [None if np.isnan(m) else float(m) for m in s.mean_s]
-    return {'batches': s.batches.tolist(), 'mean_s': mean, 'observed': s.observed,
-            'adjustments': s.adjustments}  # fmt: skip
+    plain = lambda v: v.tolist() if isinstance(v, np.ndarray) else v
+    nan = lambda v: None if isinstance(v, float) and np.isnan(v) else v
+    return {k: jax.tree.map(nan, plain(v)) for k, v in self.state._asdict().items()}
 
   def restore(self, saved: dict[str, Any]) -> None:
     """The controller's state as a checkpoint's metadata saved it."""
     if self.state is None or not saved:
       return
-    mean = np.array([np.nan if m is None else m for m in saved['mean_s']])
-    self.state = self.state._replace(
-      batches=np.asarray(saved['batches']), mean_s=mean, observed=saved['observed'],
-      adjustments=saved['adjustments'],
-    )  # fmt: skip
+    fields = {}
+    for k, now in self.state._asdict().items():
+      v = jax.tree.map(lambda x: np.nan if x is None else x, saved[k], is_leaf=lambda x: x is None)
+      fields[k] = np.asarray(v, now.dtype) if isinstance(now, np.ndarray) else type(now)(v)
+    self.state = type(self.state)(**fields)
+
+
+class Noise:
+  """Scavenger's gradient-noise indicator γ, measured every `config.noise_every` steps.
+
+  `jd.train.step.make_noise_step` computes mean_k ‖g_k‖² and ‖ḡ‖² on the
+  step's batch at the workers' current parameters, beside training; a host
+  `jd.control.noise_meter` smooths each, and γ is their ratio (in [1, K]).
+  """
+
+  def __init__(self, exp: factory.Experiment):
+    cfg = exp.config
+    self.exp, self.every = exp, cfg.noise_every
+    self.meter = control.noise_meter(cfg.noise_decay)
+    self.state = self.meter.init()
+    self.step = None
+    if self.every:
+      self.step = step_lib.make_noise_step(exp.model, exp.workers, counted=exp.counted)
+
+  def measure(self, t: int, state, batch: tuple[jax.Array, ...], clock: Clock) -> dict[str, float]:
+    """The record's noise fields at step t (0-based), if it is measured; else {}.
+
+    The steps before it finish on the clock; the measurement is off it.
+    """
+    if not self.every or t % self.every:
+      return {}
+    jax.block_until_ready(state)
+    with clock.paused():
+      args = batch[: 3 if self.exp.counted else 2]
+      worker_sq, mean_sq = jax.device_get(self.step(state, *args))
+    self.state = self.meter.update(self.state, worker_sq, mean_sq)
+    return {'noise_worker_sq': float(worker_sq), 'noise_mean_sq': float(mean_sq), **self.summary()}
+
+  def summary(self) -> dict[str, float]:
+    if not self.state.count:
+      return {}
+    k = self.exp.workers.count
+    gamma = control.scavenger.gamma(self.state)
+    return {'gamma': gamma, 'gamma_normalized': gamma / k}
+
+  def to_json(self) -> dict[str, Any]:
+    return self.state._asdict()
+
+  def restore(self, saved: dict[str, Any]) -> None:
+    if saved:
+      self.state = type(self.state)(**saved)
+
+
+class HostSide:
+  """What the host decides and measures around each step: batches, their examples, γ.
+
+  Args:
+    exp: the run.
+    compute_s: one worker's measured step (the compute term).
+    prices: the run's ledger (streams take a synchronising step's time from it).
+    clock: the training clock (the noise measurement pauses it).
+  """
+
+  def __init__(self, exp, compute_s: float, prices: ledger.Ledger, clock: Clock):
+    self.exp, self.clock = exp, clock
+    self.batches, self.noise = Batches(exp, compute_s, prices.sync_s), Noise(exp)
+    self.example_bytes = exp.dataset.train.images[0].nbytes
+
+  def batch(self, t: int, state) -> tuple[tuple[jax.Array, ...], dict[str, float]]:
+    """Step t's device arrays, and the record fields measured before it runs."""
+    arrays, injected = put_batch(self.exp, t, self.batches.sizes, self.batches.scale)
+    fields = self.noise.measure(t, state, arrays, self.clock)
+    if self.exp.sampler.partition.injects:  # bytes each worker received, on average
+      fields['inject_bytes'] = float(np.mean(injected)) * self.example_bytes
+    return arrays, fields
+
+  def observe(self, t: int) -> dict[str, Any]:
+    return self.batches.observe(t)
+
+  def summary(self) -> dict[str, Any]:
+    return {**self.noise.summary(), **self.batches.summary()}
+
+  def to_json(self) -> dict[str, Any]:
+    return {'batching': self.batches.to_json(), 'noise': self.noise.to_json()}
+
+  def restore(self, meta: dict[str, Any]) -> None:
+    self.batches.restore(meta.get('batching', {}))
+    self.noise.restore(meta.get('noise', {}))
 
 
 class Clock:
@@ -289,7 +394,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   logging.info('%s', exp)
   init = step_lib.make_init(exp.model, exp.tx, workers, exp.dataset.image_shape)
   train_step = step_lib.make_train_step(
-    exp.model, exp.tx, workers, staggered=cfg.sync.staggered, counted=exp.batching is not None
+    exp.model, exp.tx, workers, staggered=cfg.sync.staggered, counted=exp.counted
   )
   eval_step = step_lib.make_eval_step(exp.model, workers)
   state_shape = jax.eval_shape(init, jax.random.key(cfg.seed))
@@ -303,25 +408,20 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     )
 
   compute_s = measure_worker_step(exp)  # the compute term of the modelled clock
-  batches = Batches(exp, compute_s)
-  batches.restore(meta.get('batching', {}))
-  prices = ledger.Ledger(
-    comm.find_transfers(state_shape.opt_state),
-    workers.count,
-    exp.networks,
-    cfg.network.algorithm,
-    compute_s,
-  )
+  prices = ledger.Ledger.of(exp, comm.find_transfers(state_shape.opt_state), compute_s)
   bar = report.progress(cfg.steps, start, enabled=lead and cfg.progress)
   log = StepLog(
     metrics.MetricsWriter(exp.workdir, start, enabled=lead), prices, exp.schedule, on_write=bar.show
   )
   hooks = [kill_at_step(cfg.fault.kill_at_step)]
   chunks, clock, last_eval, wall0 = eval_chunks(exp), Clock(), {}, time.time()
+  host = HostSide(exp, compute_s, prices, clock)
+  host.restore(meta)
   for t in range(start, cfg.steps):
-    state, m = train_step(state, *put_batch(exp, t, batches.sizes))
+    batch, fields = host.batch(t, state)
+    state, m = train_step(state, *batch)
     log.push(t + 1, m)
-    log.add(batches.observe(t))
+    log.add({**host.observe(t), **fields})
     bar.update(1)
     clock.step(m)
     done = t + 1
@@ -332,7 +432,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       if done % cfg.checkpoint_every == 0 or done == cfg.steps:
         log.flush()
         log.writer.flush()  # the log reaches the checkpoint's step before the checkpoint commits
-        ckpt.save(done, state, {'step': done, 'seed': cfg.seed, 'batching': batches.to_json()})
+        ckpt.save(done, state, {'step': done, 'seed': cfg.seed, **host.to_json()})
       for hook in hooks:
         hook(done, log, ckpt)
   log.flush()
@@ -350,6 +450,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     'samples_per_s': clock.steps * cfg.batch_size / clock.seconds() if clock.steps else None,
     'wall_s': time.time() - wall0,
     **ledger.summarize(records, list(exp.networks), compute_s, exp.clock),
+    **host.summary(),
   }  # fmt: skip
   if lead:
     _report(exp, summary, records, log.writer.path)
