@@ -64,6 +64,7 @@ def run(
   networks = factory.names(base.network.profiles)
   rows = table_rows(runs, networks)
   columns = COLUMNS + tuple((f'tta@{n}', f'time to {rows[0]["target"]:.4f} @{n}') for n in networks)
+  columns += tuple(c for c in OPTIONAL if any(c[0] in row for row in rows))
   if any(run.clock(1.0) is not None for run in runs.values()):  # a heterogeneous cluster
     columns += tuple((f'modelled_s@{n}', f'{base.steps} steps @{n} (s)') for n in networks)
     columns += tuple((f'cost@{n}', f'cost @{n}') for n in networks)
@@ -92,6 +93,14 @@ COLUMNS = (
 )
 
 
+# shown when a run has them: Scavenger's noise, ScaDLES's buffers, data injection
+OPTIONAL = (
+  ('gamma_normalized', 'γ/K'),
+  ('buffer_peak_total', 'peak buffer (samples)'),
+  ('inject_bytes_per_step', 'injected B/worker/step'),
+)
+
+
 class Run(NamedTuple):
   """One variant's outcome: its summary, per-step records and clock factory."""
 
@@ -115,6 +124,7 @@ def table_rows(runs: dict[str, Run], networks: Sequence[str]) -> list[dict[str, 
       'synced': f'{summary["sync_fraction"]:.1%}' if summary['sync_fraction'] is not None else None,
       'worker_step_s': summary['worker_step_s'],
       'target': target,
+      **{key: summary[key] for key, _ in OPTIONAL if summary.get(key) is not None},
     }
     for net in networks:
       compute_s = summary['worker_step_s']

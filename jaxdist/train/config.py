@@ -227,6 +227,18 @@ def variants() -> ml_collections.ConfigDict:
       'dynamic_batching': {'b_max': 64},
     }
 
+  def streamed(rates: str, batching: str, buffer: str) -> dict[str, Any]:
+    # mean batch S · 0.25 s: S10's 64/s gives 16, the per-worker batch of 128 over 8 workers
+    return {
+      'cluster': {'stream_rates': rates},
+      'batching': batching,
+      'streams': {'interval_s': 0.25, 'b_max': 64, 'buffer': buffer},
+    }
+
+  def partition(kind: str, alpha: float = 0.0, beta: float = 0.0, **sync: Any) -> dict[str, Any]:
+    out = {'partition': {'kind': kind, 'inject_alpha': alpha, 'inject_beta': beta}}
+    return {**out, 'sync': sync} if sync else out
+
   sc, lwp = 'spike_compensation', 'linear_weight_prediction'
   return ml_collections.ConfigDict(
     {
@@ -267,6 +279,21 @@ def variants() -> ml_collections.ConfigDict:
       'dynamic_h2': hetero('h2', 'dynamic'),
       'uniform_h10': hetero('h10', 'uniform'),
       'dynamic_h10': hetero('h10', 'dynamic'),
+      # streaming data (ScaDLES): the fixed-batch baseline with persistent buffers against
+      # stream-proportional batches with truncated ones, at two of the paper's rate sets
+      'ddl_s1': streamed('S1', 'uniform', 'persistence'),
+      'scadles_s1': streamed('S1', 'stream', 'truncation'),
+      'ddl_s10': streamed('S10', 'uniform', 'persistence'),
+      'scadles_s10': streamed('S10', 'stream', 'truncation'),
+      # non-IID data (run with workers=10: one label each) and randomised data injection
+      'iid': partition('iid'),
+      'seldp': partition('seldp'),
+      'labels1': partition('labels'),
+      'labels1_inject10': partition('labels', 0.1, 0.1),
+      'labels1_inject50': partition('labels', 0.5, 0.5),
+      'selsync_labels1_inject50': partition(
+        'labels', 0.5, 0.5, method='selsync', selsync={'threshold': 0.3}
+      ),
     }
   )
 

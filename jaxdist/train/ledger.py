@@ -167,6 +167,9 @@ def summarize(
     'median_step_s': median_step_s(records),
     'worker_step_s': compute_s,
   }
+  injected = [r['inject_bytes'] for r in records if 'inject_bytes' in r]
+  if injected:  # data injection: bytes each worker received
+    out['inject_bytes_per_step'] = sum(injected) / len(records)
   for name in networks:
     clock = make_clock(compute_s)
     times = modelled_clock(records, name, compute_s, clock)
