@@ -46,8 +46,8 @@ def run(
 
   Writes `compare.md` (the table in markdown, with the command, machine and
   date that produced it), `compare.json` and `compare.png` into `workdir`,
-  and the markdown also to `results` if given (the README's tables are
-  copies of such files: `experiments/readme_tables.py`).
+  and the markdown and the plot also to `results` and its `.png` if given
+  (the README's tables are copies of such files: `experiments/readme_tables.py`).
   """
   if not names:
     raise factory.ConfigError('no variants to compare')
@@ -77,7 +77,10 @@ def run(
       metrics.write_atomic(path, markdown)
   with open(os.path.join(workdir, 'compare.json'), 'w') as f:
     json.dump(rows, f, indent=2)
-  report.save(plot(runs, networks), os.path.join(workdir, PLOT_FILE))
+  figure = plot(runs, networks)
+  report.save(figure, os.path.join(workdir, PLOT_FILE))
+  if results:  # the README shows the plot beside its table
+    report.save(figure, os.path.splitext(results)[0] + '.png')
   print(f'plot: {os.path.join(workdir, PLOT_FILE)}')
   return rows
 
