@@ -7,7 +7,9 @@ optax gradient transformations that communicate over named worker axes.
 `compress`, `netmodel`, `runtime` and `sync`. The training stack (`data`:
 tensorflow-datasets; `models`: flax; `train`: orbax, matplotlib,
 tensorboardX) loads on first use of `jaxdist.data`, `jaxdist.models` or
-`jaxdist.train`.
+`jaxdist.train`; the host-side controllers (`control`: dynamic batching,
+streams, Scavenger's planner, with scipy and kneed) on first use of
+`jaxdist.control`.
 """
 
 import importlib
@@ -17,7 +19,7 @@ from jaxdist import comm, compress, netmodel, runtime, sync
 
 __version__ = '0.1.0'
 
-_LAZY = ('data', 'models', 'testing', 'train')
+_LAZY = ('control', 'data', 'models', 'testing', 'train')
 __all__ = ['comm', 'compress', 'netmodel', 'runtime', 'sync', *_LAZY]
 
 
