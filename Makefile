@@ -54,7 +54,7 @@ results: $(VENV)/.installed
 	$(RESULTS) --only=uniform_h2,dynamic_h2,uniform_h10,dynamic_h10 --config.workers=3 \
 	  --config.batch_size=96 --results=experiments/results/heterogeneous.md
 	$(RESULTS) --only=ddl_s1,scadles_s1,ddl_s10,scadles_s10 --results=experiments/results/streams.md
-	$(RESULTS) --only=iid,seldp,labels1,labels1_inject10,labels1_inject50,selsync_labels1_inject50 \
+	$(RESULTS) --only=iid,seldp,labels1,labels1_inject10,labels1_inject50,selsync_labels1_inject50,selsync005_labels1_inject50 \
 	  --config.workers=10 --config.batch_size=160 --results=experiments/results/noniid.md
 	$(PY) experiments/readme_tables.py
 

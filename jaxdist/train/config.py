@@ -294,6 +294,9 @@ def variants() -> ml_collections.ConfigDict:
       'selsync_labels1_inject50': partition(
         'labels', 0.5, 0.5, method='selsync', selsync={'threshold': 0.3}
       ),
+      'selsync005_labels1_inject50': partition(
+        'labels', 0.5, 0.5, method='selsync', selsync={'threshold': 0.05}
+      ),
     }
   )
 

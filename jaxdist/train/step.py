@@ -172,9 +172,11 @@ def make_noise_step(
   (the gradient the train step would compute on the same batch), and the
   aggregated gradient ḡ (the mean over workers; with `counted`, weighted
   by the counts, as `weighted_allreduce` aggregates). The numerator is the
-  plain mean (1/K) Σ_k ‖g_k‖², as Eq. 2 of Scavenger writes it. γ =
-  numerator / denominator is in [1, K] with equal weights: 1 when the
-  workers' gradients agree, K when they are orthogonal.
+  plain mean (1/K) Σ_k ‖g_k‖², as Eq. 2 of Scavenger writes it. With equal
+  weights γ = numerator / denominator ≥ 1: 1 when the workers' gradients
+  agree, K when they are orthogonal, and more than K when they point
+  against each other (non-IID shards do: digits with one label per worker
+  gives γ/K ≈ 3).
 
   A measurement beside training, not part of it: it runs a forward and
   backward pass of its own and one all-reduce that the ledger does not

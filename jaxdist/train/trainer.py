@@ -192,7 +192,7 @@ class Noise:
 
   `jd.train.step.make_noise_step` computes mean_k ‖g_k‖² and ‖ḡ‖² on the
   step's batch at the workers' current parameters, beside training; a host
-  `jd.control.noise_meter` smooths each, and γ is their ratio (in [1, K]).
+  `jd.control.noise_meter` smooths each, and γ is their ratio (>= 1; K if orthogonal).
   """
 
   def __init__(self, exp: factory.Experiment):
