@@ -444,6 +444,23 @@ def fit_epochs(runs: Iterable[Sequence[float]]) -> tuple[float, float]:
   )
 
 
+def fit_noise(profiles: Iterable[Sequence[float]]) -> tuple[float, float]:
+  """(g0, g1) of γ/K = g0 + g1 / √B, over the profiles of every K (Eq. 7, the "average model").
+
+  Example:
+    >>> rows = [(2, 16, 0.5, 0.3, 0.2, 1.0), (4, 64, 0.5, 0.3, 0.2, 0.75)]  # 0.5 + 2/√B
+    >>> [round(g, 9) for g in fit_noise(rows)]
+    [0.5, 2.0]
+  """
+  rows = _profiles(profiles)
+  return _affine(
+    1 / np.sqrt(np.array([p.batch_size for p in rows], float)),
+    np.array([p.gamma_normalized for p in rows], float),
+    'γ/K = g0 + g1/√B',
+    'profile at least two global batches B',
+  )
+
+
 def fit(profiles: Iterable[Sequence[float]], runs: Iterable[Sequence[float]]) -> Model:
   """Fits Scavenger's affine models (Eqs. 6–10) by least squares.
 
@@ -480,12 +497,7 @@ def fit(profiles: Iterable[Sequence[float]], runs: Iterable[Sequence[float]]) ->
     'sync_s = s0 + s1·K',
     'profile at least two K (numbers of workers)',
   )
-  g0, g1 = _affine(
-    1 / np.sqrt(b),
-    np.array([p.gamma_normalized for p in rows], float),
-    'γ/K = g0 + g1/√B',
-    'profile at least two global batches B',
-  )
+  g0, g1 = fit_noise(rows)
   other_s = float(np.mean([p.step_s - p.compute_s - p.sync_s for p in rows]))
   e_star, theta = fit_epochs(runs)
   return Model(c0, c1, s0, s1, other_s, g0, g1, e_star, theta)
