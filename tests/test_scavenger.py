@@ -72,6 +72,20 @@ def test_gamma_is_k_for_orthogonal_and_one_for_identical_gradients():
   assert simple_noise_scale(state, 2, 64) == pytest.approx(0.0)
 
 
+def test_gamma_exceeds_k_when_gradients_point_against_each_other():
+  # [1, 0] and [−½, 0]: mean ‖g_k‖² = (1 + ¼)/2 = 0.625; ḡ = (¼, 0), ‖ḡ‖² = 1/16; γ = 10 > K = 2
+  meter = noise_meter()
+  terms = noise_terms(np.array([[1.0, 0.0], [-0.5, 0.0]]))
+  np.testing.assert_allclose(terms, (0.625, 0.0625), rtol=1e-15)
+  state = meter.update(meter.init(), *terms)
+  assert gamma(state) == pytest.approx(10.0)
+  assert gamma_normalized(state, 2) == pytest.approx(5.0)
+  assert simple_noise_scale(state, 2, 64) == math.inf  # γ >= K: no finite B_simple
+  # g and −g cancel: ‖ḡ‖² = 0, γ = inf
+  state = meter.update(meter.init(), *noise_terms(np.array([[1.0, 2.0], [-1.0, -2.0]])))
+  assert gamma(state) == math.inf
+
+
 def test_noise_terms_flatten_each_worker():
   # worker 0 = [[1, 1], [0, 0]], worker 1 = [[1, -1], [0, 2]]: ‖·‖² = 2 and 6, mean 4;
   # ḡ = [[1, 0], [0, 1]], ‖ḡ‖² = 2

@@ -7,12 +7,16 @@ target; a search lists the predictions and `choose` picks one.
 
 Noise (Eq. 2), from the per-worker gradients g_k and their mean ḡ:
 
-  γ = E[(1/K) Σ_k ‖g_k‖²] / E[‖ḡ‖²] ∈ [1, K],
+  γ = E[(1/K) Σ_k ‖g_k‖²] / E[‖ḡ‖²] ≥ 1,
 
-1 when the workers' gradients agree and K when they are orthogonal; γ/K ∈
-[1/K, 1] is the normalised noise the models use. `noise_meter` smooths the
-numerator and the denominator separately (EWMA each) and divides: a ratio of
-expectations, as Eq. 2 writes it, not an average of per-step ratios.
+1 when the workers' gradients agree, K when they are orthogonal (of equal
+norms), more than K when they point against each other. With i.i.d. worker
+batches γ ≤ K in expectation (E‖g_k‖² = ‖G‖² + tr Σ/b, E‖ḡ‖² = ‖G‖² + tr Σ/B);
+one measurement, or non-IID shards, can exceed it (digits with one label per
+worker gives γ/K ≈ 3). γ/K (1/K to 1 in the i.i.d. case) is the normalised
+noise the models use. `noise_meter` smooths the numerator and the
+denominator separately (EWMA each) and divides: a ratio of expectations, as
+Eq. 2 writes it, not an average of per-step ratios.
 
 The "GNS": McCandlish et al.'s simple noise scale B_simple = tr(Σ)/‖G‖² (Σ the
 per-example gradient covariance, G the true gradient), estimated from the two
@@ -177,7 +181,7 @@ def noise_meter(decay: float = 0.9) -> NoiseMeter:
 
 
 def gamma(state: NoiseMeterState) -> float:
-  """γ = EWMA(mean_k ‖g_k‖²) / EWMA(‖ḡ‖²), in [1, K] (up to rounding).
+  """γ = EWMA(mean_k ‖g_k‖²) / EWMA(‖ḡ‖²), >= 1 (up to rounding); see the module docstring.
 
   Returns inf when the smoothed ‖ḡ‖² is 0 while the workers' is not, and NaN
   when both are 0.
@@ -190,7 +194,7 @@ def gamma(state: NoiseMeterState) -> float:
 
 
 def gamma_normalized(state: NoiseMeterState, num_workers: int) -> float:
-  """γ/K, in [1/K, 1]: the noise that Scavenger's models use."""
+  """γ/K, >= 1/K (at most 1 in expectation with i.i.d. batches): what the models use."""
   if num_workers < 1:
     raise ValueError(f'num_workers must be >= 1, got {num_workers}')
   return gamma(state) / num_workers
