@@ -18,6 +18,7 @@ from jaxdist.netmodel.buckets import (
 )
 from jaxdist.netmodel.calibrate import calibrate
 from jaxdist.netmodel.cluster import H_LEVELS, WAITS, Cluster, Timeline, WorkerClock, simulate
+from jaxdist.netmodel.hierarchical import flat_time, hierarchical_time, rail_network
 from jaxdist.netmodel.model import (
   ALGORITHMS,
   PROFILES,
@@ -61,15 +62,18 @@ __all__ = [
   'broadcast',
   'calibrate',
   'comm_time',
+  'flat_time',
   'forward_order',
   'gbps',
   'gossip',
+  'hierarchical_time',
   'layer_flops',
   'mgwfbp_buckets',
   'network_at',
   'per_layer_buckets',
   'permute',
   'profile',
+  'rail_network',
   'resolve',
   'sent_bytes',
   'simulate',

@@ -17,6 +17,7 @@ from jaxdist.sync.delay_tolerant import DelayedState, cd_sgd, od_sgd, ssd_sgd
 from jaxdist.sync.diloco import DiLoCoState, diloco
 from jaxdist.sync.finite import SkipNonfiniteState, all_finite, skip_nonfinite
 from jaxdist.sync.gossip import GossipState, gossip, mixing_matrix
+from jaxdist.sync.hitopk import HiTopKState, hitopk_allreduce
 from jaxdist.sync.local_sgd import LocalSGDState, local_sgd
 from jaxdist.sync.pipeline import (
   GradientDelayState,
@@ -43,6 +44,7 @@ __all__ = [
   'DiLoCoState',
   'GossipState',
   'GradientDelayState',
+  'HiTopKState',
   'LocalSGDState',
   'PowerSGDState',
   'PredictionState',
@@ -64,6 +66,7 @@ __all__ = [
   'gossip',
   'gradient_delay',
   'gradient_norm',
+  'hitopk_allreduce',
   'linear_weight_prediction',
   'local_clip',
   'local_sgd',

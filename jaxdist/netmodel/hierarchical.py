@@ -1,0 +1,118 @@
+"""α-β cost on a two-level cluster: n nodes of m workers, fast links inside a node.
+
+A node's m workers talk over `intra` links (NVLink, PCIe); nodes talk over
+`inter` links (the NIC, one per node unless the node has a NIC per worker).
+The existing pricing (`model.py`) is unchanged and used for each level:
+
+- a collective among the m workers of a node costs its `model.py` formula
+  with N = m on the intra network;
+- a collective among the n workers of one rail (same local rank on every
+  node) costs its formula with N = n on the inter network; the m rails run
+  at once, and where they share one NIC per node each gets 1/m of its
+  bandwidth (`shared_nic`);
+- a flat collective over all n·m workers (a ring laid out node by node) is
+  paced by its slowest hop, the inter-node link: its formula with N = n·m on
+  the inter network. In a single ring only one worker per node sends across
+  the NIC at a time, so the NIC is not shared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from jaxdist import comm
+from jaxdist.netmodel.model import Network, comm_time
+
+
+def rail_network(inter: Network, local: int, shared_nic: bool = True) -> Network:
+  """The link one rail's collective sees: `inter` with 1/local of its bandwidth if shared."""
+  if local < 1:
+    raise ValueError(f'local must be >= 1, got {local}')
+  if not shared_nic or local == 1:
+    return inter
+  return dataclasses.replace(inter, bandwidth=inter.bandwidth / local, name=f'{inter}/{local}')
+
+
+def hierarchical_time(
+  intra: Sequence[comm.Transfer],
+  inter: Sequence[comm.Transfer],
+  *,
+  nodes: int,
+  local: int,
+  intra_net: Network,
+  inter_net: Network,
+  shared_nic: bool = True,
+  algorithm: str = 'ring',
+  counts: tuple[Sequence[int], Sequence[int]] | None = None,
+) -> float:
+  """Seconds one step's intra-node and inter-node (per-rail) transfers take.
+
+    T = Σ_intra c·t(transfer, N = m, intra_net) + Σ_inter c·t(transfer, N = n, rail)
+
+  with t the `model.py` cost (`transfer_time`), c each transfer's count
+  (or `counts`), and rail = `inter_net` at bandwidth/m when the m rails
+  share a NIC. A reduce-scatter recorded as an all-to-all (op
+  'reduce-scatter') costs (m−1)α + (m−1)/m·Mβ, a ring reduce-scatter.
+
+  Args:
+    intra: transfers among the `local` workers of a node (e.g.
+      `HiTopKState.intra`).
+    inter: transfers among the `nodes` workers of a rail (`HiTopKState.inter`).
+    nodes: n, the number of nodes.
+    local: m, workers per node.
+    intra_net: the links inside a node.
+    inter_net: a node's link to the others (its NIC).
+    shared_nic: the m rails share one NIC per node (False: a NIC per worker).
+    algorithm: all-reduce algorithm of `model.allreduce`.
+    counts: (intra counts, inter counts) instead of the transfers' own.
+
+  Returns:
+    Seconds.
+
+  Example:
+    >>> from jaxdist import comm, netmodel
+    >>> nvlink = netmodel.Network(latency=0.0, bandwidth=100.0)  # bytes/s
+    >>> nic = netmodel.Network(latency=0.0, bandwidth=10.0)
+    >>> rs = comm.transfer(comm.ALL_TO_ALL, 400, op='reduce-scatter')  # 3/4 of 400 at 100
+    >>> ag = comm.transfer(comm.ALL_GATHER, 8)  # 1 rail payload; 2 nodes: 1 copy, at 10/4
+    >>> netmodel.hierarchical_time(
+    ...   [rs], [ag], nodes=2, local=4, intra_net=nvlink, inter_net=nic)
+    6.2
+  """
+  if nodes < 1:
+    raise ValueError(f'nodes must be >= 1, got {nodes}')
+  rail = rail_network(inter_net, local, shared_nic)
+  c_intra, c_inter = counts if counts is not None else (None, None)
+  return comm_time(intra, local, intra_net, algorithm, c_intra) + comm_time(
+    inter, nodes, rail, algorithm, c_inter
+  )
+
+
+def flat_time(
+  transfers: Sequence[comm.Transfer],
+  *,
+  nodes: int,
+  local: int,
+  inter_net: Network,
+  algorithm: str = 'ring',
+  counts: Sequence[int] | None = None,
+) -> float:
+  """Seconds a flat collective's `transfers` over all n·m workers take, paced by `inter_net`.
+
+    T = Σ c·t(transfer, N = n·m, inter_net)
+
+  (a ring laid out node by node crosses each NIC once per step, so the
+  intra-node hops wait on the inter-node one). For n >= 2; one node has no
+  inter-node hop (price it with `model.comm_time` on the intra network).
+
+  Example:
+    >>> from jaxdist import comm, netmodel
+    >>> nic = netmodel.Network(latency=0.0, bandwidth=8.0)
+    >>> ag = comm.transfer(comm.ALL_GATHER, 8)  # 7 copies of 8 bytes at 8 bytes/s
+    >>> netmodel.flat_time([ag], nodes=2, local=4, inter_net=nic)
+    7.0
+  """
+  if nodes < 2 or local < 1:
+    raise ValueError(f'need nodes >= 2 and local >= 1, got {nodes} and {local}')
+  return comm_time(transfers, nodes * local, inter_net, algorithm, counts)
