@@ -100,25 +100,30 @@ jd.train.report.plot_batches(records, title='dynamic batching on a 4:1 cluster')
 # %%
 from matplotlib.figure import Figure
 
-rates = jd.control.stream_rates('S10', 8, seed=0)
-fig = Figure(figsize=(10, 3.5))
-queued, elapsed = fig.subplots(1, 2)
-for policy, buffer in (('fixed', 'persistence'), ('proportional', 'truncation')):
-  model = jd.control.streams(
-    rates, base_batch=128, b_max=64, buffer=buffer, policy=policy, interval_s=0.25
-  )
-  state, queue, clock = model.init(8), [], []
-  for _ in range(400):
-    state = model.update(state, 0.01)
-    queue.append(state.queue.sum())
-    clock.append(state.elapsed_s)
-  label = f'{policy} batches, {buffer} buffers'
-  queued.plot(queue, label=label)
-  elapsed.plot(clock, label=label)
-queued.set(xlabel='step', ylabel='samples buffered, all workers', yscale='log')
-elapsed.set(xlabel='step', ylabel='seconds, waits for data included')
-for ax in (queued, elapsed):
-  ax.grid(alpha=0.3)
-  ax.legend()
-fig.tight_layout()
-fig
+
+def plot_streams(rates, steps=400, step_s=0.01):
+  """Buffered samples and elapsed time of fixed and of stream-proportional batches."""
+  fig = Figure(figsize=(10, 3.5))
+  queued, elapsed = fig.subplots(1, 2)
+  for policy, buffer in (('fixed', 'persistence'), ('proportional', 'truncation')):
+    model = jd.control.streams(
+      rates, base_batch=128, b_max=64, buffer=buffer, policy=policy, interval_s=0.25
+    )
+    state, queue, clock = model.init(len(rates)), [], []
+    for _ in range(steps):
+      state = model.update(state, step_s)
+      queue.append(state.queue.sum())
+      clock.append(state.elapsed_s)
+    label = f'{policy} batches, {buffer} buffers'
+    queued.plot(queue, label=label)
+    elapsed.plot(clock, label=label)
+  queued.set(xlabel='step', ylabel='samples buffered, all workers', yscale='log')
+  elapsed.set(xlabel='step', ylabel='seconds, waits for data included')
+  for ax in (queued, elapsed):
+    ax.grid(alpha=0.3)
+    ax.legend()
+  fig.tight_layout()
+  return fig
+
+
+plot_streams(jd.control.stream_rates('S10', 8, seed=0))

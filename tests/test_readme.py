@@ -24,9 +24,19 @@ def test_readme_tables_equal_the_committed_results_files():
 
 def test_every_results_file_says_its_command_machine_and_date():
   folder = os.path.join(REPO, 'experiments', 'results')
-  for name in sorted(os.listdir(folder)):
+  tables = [name for name in sorted(os.listdir(folder)) if name.endswith('.md')]
+  assert len(tables) >= 9
+  for name in tables:
     with open(os.path.join(folder, name)) as f:
       text = f.read()
     assert re.search(
       r'Command: `python experiments/\w+\.py .*`; machine: .+; date: \d{4}-', text
     ), name
+
+
+def test_every_plot_in_the_readme_exists():
+  with open(os.path.join(REPO, 'README.md')) as f:
+    plots = re.findall(r'!\[[^\]]*\]\(([^)]+\.png)\)', f.read())
+  assert plots
+  for path in plots:
+    assert os.path.getsize(os.path.join(REPO, path)) > 10_000, path
