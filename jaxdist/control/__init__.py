@@ -11,6 +11,11 @@ aggregation weights and learning-rate scale of those batches.
 `scavenger` (Tyagi & Sharma, CCGrid 2023): the gradient-noise meter γ
 (`noise_meter`), affine time/cost models fitted to short profiles, full and
 partial searches over (K, B), and the choice by time, cost or Pareto knee.
+
+`gravac` (GraVAC, Tyagi & Swany, CLOUD 2023): the compression factor among a
+compiled grid (`candidate_factors`), scaled up every window while the gains
+allow, θ_min raised when they agree, stopped where compression throughput
+levels off. (Its helpers: `from jaxdist.control.gravac import choose, ratios`.)
 """
 
 from jaxdist.control import scavenger
@@ -20,6 +25,7 @@ from jaxdist.control.dynamic_batching import (
   allocate,
   dynamic_batching,
 )
+from jaxdist.control.gravac import GraVAC, GraVACState, candidate_factors, gravac
 from jaxdist.control.scavenger import NoiseMeter, NoiseMeterState, noise_meter
 from jaxdist.control.streams import (
   RATE_SETS,
@@ -36,13 +42,17 @@ __all__ = [
   'RATE_SETS',
   'DynamicBatching',
   'DynamicBatchingState',
+  'GraVAC',
+  'GraVACState',
   'NoiseMeter',
   'NoiseMeterState',
   'StreamState',
   'Streams',
   'allocate',
   'buffer_report',
+  'candidate_factors',
   'dynamic_batching',
+  'gravac',
   'lr_scale',
   'noise_meter',
   'scavenger',
