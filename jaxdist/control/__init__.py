@@ -12,6 +12,12 @@ aggregation weights and learning-rate scale of those batches.
 (`noise_meter`), affine time/cost models fitted to short profiles, full and
 partial searches over (K, B), and the choice by time, cost or Pareto knee.
 
+`adopt` (ADOPT, Tyagi & Swany, BigData 2023): the compression ratio among
+compiled candidates, by NSGA-II and ASF over fitted communication time and
+compression gain, with the exploration / re-solve loop of the paper. (The
+name is the controller's factory; its helpers: `jaxdist.control.adopt`'s
+module, e.g. `from jaxdist.control.adopt import solve`.)
+
 `gravac` (GraVAC, Tyagi & Swany, CLOUD 2023): the compression factor among a
 compiled grid (`candidate_factors`), scaled up every window while the gains
 allow, θ_min raised when they agree, stopped where compression throughput
@@ -19,6 +25,8 @@ levels off. (Its helpers: `from jaxdist.control.gravac import choose, ratios`.)
 """
 
 from jaxdist.control import scavenger
+from jaxdist.control.adopt import ADOPT, AdoptState, adopt
+from jaxdist.control.adopt import CANDIDATES as ADOPT_CANDIDATES
 from jaxdist.control.dynamic_batching import (
   DynamicBatching,
   DynamicBatchingState,
@@ -39,7 +47,10 @@ from jaxdist.control.streams import (
 )
 
 __all__ = [
+  'ADOPT',
+  'ADOPT_CANDIDATES',
   'RATE_SETS',
+  'AdoptState',
   'DynamicBatching',
   'DynamicBatchingState',
   'GraVAC',
@@ -48,6 +59,7 @@ __all__ = [
   'NoiseMeterState',
   'StreamState',
   'Streams',
+  'adopt',
   'allocate',
   'buffer_report',
   'candidate_factors',
