@@ -15,7 +15,9 @@ parameters:
   [[1]]
 
 Per-worker arrays (gradients, `run.params`, `run.state`, `run.updates`) carry
-a leading axis of size `workers`.
+a leading axis of size `workers`. optax's extra arguments go as keywords,
+`run(grads, weight=counts)`: a scalar reaches every worker, an array with a
+leading `workers` axis one value each.
 """
 
 from __future__ import annotations
@@ -64,19 +66,24 @@ class Run:
     self.updates = None
     self.history: list[list[int]] = []
 
-    def step(grads, state, params):
-      updates, state = tx.update(grads, state, params)
+    def step(grads, state, params, extra):
+      updates, state = tx.update(grads, state, params, **extra)
       return optax.apply_updates(params, updates), updates, state
 
-    self.step = jax.jit(self.workers.map(step, in_axes=(0, 0, 0)))
+    self.step = jax.jit(self.workers.map(step, in_axes=(0, 0, 0, 0)))
 
-  def args(self, grads: Any) -> list[Any]:
-    """The step's arguments (gradients, state, parameters), placed on the workers' devices."""
-    return [jax.device_put(t, self.workers.sharding) for t in (grads, self.state, self.params)]
+  def args(self, grads: Any, **extra: Any) -> list[Any]:
+    """The step's arguments (gradients, state, parameters, extra), on the workers' devices."""
+    n = self.workers.count
+    extra = {
+      k: jnp.broadcast_to(v, (n,)) if jnp.ndim(v) == 0 else jnp.asarray(v) for k, v in extra.items()
+    }
+    trees = (grads, self.state, self.params, extra)
+    return [jax.device_put(t, self.workers.sharding) for t in trees]
 
-  def __call__(self, grads: Any) -> Any:
+  def __call__(self, grads: Any, **extra: Any) -> Any:
     """One step with every worker's `grads` ([workers, ...] per leaf); the new parameters."""
-    self.params, self.updates, self.state = self.step(*self.args(grads))
+    self.params, self.updates, self.state = self.step(*self.args(grads, **extra))
     self.history.append([int(t.count[0]) for t in comm.find_transfers(self.state)])
     return self.params
 
@@ -86,9 +93,9 @@ class Run:
       self(grads(t))
     return self.params
 
-  def hlo(self, grads: Any, *, compiled: bool = True) -> str:
+  def hlo(self, grads: Any, *, compiled: bool = True, **extra: Any) -> str:
     """The step's HLO text, after XLA's passes (`compiled`) or as lowered."""
-    lowered = self.step.lower(*self.args(grads))
+    lowered = self.step.lower(*self.args(grads, **extra))
     if compiled:
       return lowered.compile().as_text()
     return lowered.compiler_ir('hlo').as_hlo_text()

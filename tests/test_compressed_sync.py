@@ -481,3 +481,115 @@ def test_warmup_stages_are_real_branches_on_simulated_workers_too(devices):
   branches = comm.hlo.conditional_branches(text)
   found = comm.hlo.collectives(text)
   assert found and all(c.computation in branches for c in found)
+
+
+# --- candidate ratios chosen per step (GraVAC, ADOPT) ------------------------------------------
+
+RATIOS = (0.1, 0.01, 0.001)
+
+
+def candidates(**kw):
+  return jd.sync.compressed_allreduce(
+    C.topk(ratio=0.5), axis_name=runtime.AXES, ratios=RATIOS, **kw
+  )
+
+
+def test_a_pinned_candidate_reproduces_the_fixed_ratio_run_exactly():
+  grads = lambda t: worker_grads(seed=t)
+  for i, ratio in enumerate(RATIOS):
+    fixed = make_run(jd.sync.compressed_allreduce(C.topk(ratio=ratio), axis_name=runtime.AXES))
+    pinned = make_run(candidates())
+    for t in range(3):
+      fixed(grads(t))
+      pinned(grads(t), candidate=i)
+    for a, b in zip(jax.tree.leaves(fixed.params), jax.tree.leaves(pinned.params), strict=True):
+      np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(fixed.state.residual[0], pinned.state.residual[0])
+    assert all(h[i] == 1 and sum(h) == 1 for h in pinned.history)  # one collective per step
+
+
+def test_the_dense_candidate_sends_everything_and_empties_the_residual():
+  run = make_run(candidates())
+  run(worker_grads(seed=0), candidate=0)  # leaves a residual
+  assert float(jnp.abs(run.state.residual[0]).sum()) > 0
+  before = np.asarray(run.state.residual[0])
+  grads = worker_grads(seed=1)
+  run(grads, candidate=len(RATIOS))
+  flat = lambda g: np.concatenate([np.asarray(g[k]).reshape(W, -1) for k in sorted(g)], axis=1)
+  # everyone gets the mean of gradient + residual, and nothing is kept back
+  expected = (flat(grads) + before).mean(0)
+  got = flat(run.updates)
+  for w in range(W):
+    np.testing.assert_allclose(got[w], expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(run.state.residual[0]), 0.0)
+  assert run.history[-1][-1] == 1 and sum(run.history[-1]) == 1
+
+
+def test_error_feedback_carries_across_ratio_changes():
+  # e_n + Σ sent = Σ gradients, whatever ratio each step used
+  run = make_run(candidates())
+  total = 0.0
+  sent = 0.0
+  for t, i in enumerate([0, 2, 1, 2, 0]):
+    g = worker_grads(seed=t)
+    flat = np.concatenate([np.asarray(g[k]).reshape(W, -1) for k in sorted(g)], axis=1)
+    total = total + flat
+    run(g, candidate=i)
+    sent = sent + np.concatenate(
+      [np.asarray(run.updates[k]).reshape(W, -1) for k in sorted(g)], axis=1
+    ).mean(0)
+  np.testing.assert_allclose(
+    sent * W + np.asarray(run.state.residual[0]).sum(0), total.sum(0), rtol=1e-4, atol=1e-4
+  )
+
+
+def test_the_gain_ingredients_are_the_norms_by_hand():
+  # one worker's w = g (no residual yet): ‖w‖², and ‖Top-k(w)‖² of its largest |entries|
+  run = make_run(candidates())
+  g = worker_grads(seed=3)
+  run(g, candidate=1)
+  flat = np.concatenate([np.asarray(g[k]).reshape(W, -1) for k in sorted(g)], axis=1)
+  assert flat.shape[1] == 618
+  k = 6  # floor(0.01 · 618)
+  top = np.sort(flat**2, axis=1)[:, -k:].sum(1)
+  np.testing.assert_allclose(np.asarray(run.state.norms)[:, 0], (flat**2).sum(1), rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(run.state.norms)[:, 1], top, rtol=1e-5)
+
+
+@pytest.mark.parametrize('devices', [8, 1], ids=['8-devices', '8-simulated'])
+def test_candidates_are_real_branches_and_changing_them_never_recompiles(devices):
+  run = make_run(candidates(), devices=devices)
+  text = run.hlo(worker_grads(), candidate=0)
+  branches = comm.hlo.conditional_branches(text)
+  found = comm.hlo.collectives(text)
+  assert found and all(c.computation in branches for c in found)
+  assert len(branches) >= len(RATIOS) + 1
+  for i in (0, 3, 1, 2):
+    run(worker_grads(), candidate=i)
+  assert run.step._cache_size() == 1
+  assert [h.index(1) for h in run.history] == [0, 3, 1, 2]
+
+
+@pytest.mark.parametrize(
+  'make, message',
+  [
+    (lambda: candidates(warmup_steps=10), 'ratios and warmup_steps'),
+    (lambda: jd.sync.compressed_allreduce(C.topk(ratio=0.5), axis_name="w", ratios=(0.1, 1.5)),
+     r'ratios must all be in \(0, 1\]'),
+    (lambda: jd.sync.compressed_allreduce(C.topk(ratio=0.5), axis_name="w", ratios=(0.1, 0.1)),
+     'ratios must be distinct'),
+    (lambda: jd.sync.compressed_allreduce(C.qsgd(), axis_name='w', ratios=(0.1,)),
+     'ratios needs a compressor with a ratio'),
+  ],
+)  # fmt: skip
+def test_bad_candidates_fail_at_construction(make, message):
+  with pytest.raises(ValueError, match=message):
+    make()
+
+
+def test_candidates_need_the_index_and_only_then():
+  with pytest.raises(ValueError, match='needs the extra argument candidate='):
+    make_run(candidates())(worker_grads())
+  plain = jd.sync.compressed_allreduce(C.topk(ratio=0.1), axis_name=runtime.AXES)
+  with pytest.raises(ValueError, match='without ratios takes none'):
+    make_run(plain)(worker_grads(), candidate=0)

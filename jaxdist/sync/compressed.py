@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -61,6 +62,9 @@ class CompressedState(NamedTuple):
       compressor shares its randomness).
     wire: every collective this transform may issue; counts say which ran.
       Per-worker.
+    norms: [2] float32, this step's ‖w_n‖² (the error-fed gradient) and
+      ‖C(w_n)‖² (what the worker got across): the compression gain
+      δ = ‖C(w)‖² / ‖w‖² of GraVAC and ADOPT is their ratio. Per-worker.
   """
 
   count: jax.Array
@@ -69,6 +73,7 @@ class CompressedState(NamedTuple):
   momentum: tuple
   compressor_state: tuple
   wire: tuple
+  norms: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +132,7 @@ def compressed_allreduce(
   nesterov: bool = False,
   warmup_steps: int = 0,
   warmup_stages: int = 4,
+  ratios: Sequence[float] = (),
   network: str | netmodel.Network = '10gbps',
   algorithm: str = 'ring',
   seed: int = 0,
@@ -166,6 +172,15 @@ def compressed_allreduce(
       stages (`jaxdist.compress.warmup_ratios`). Each stage is its own
       branch of a `lax.switch`, so only its collective runs.
     warmup_stages: stages of the warm-up.
+    ratios: candidate kept fractions, compiled together for controllers that
+      change the ratio while training (GraVAC, ADOPT): each is a branch of
+      a `lax.switch`, and so is a dense all-reduce of the error-fed
+      gradient (index `len(ratios)`: everything is sent, the residual
+      empties). Each step's index comes as optax's extra argument
+      `candidate` (an int every worker is given equally, traced: changing
+      it never recompiles); only that branch's collective runs, and the
+      error-feedback memory carries across changes. The compressor's own
+      ratio is then unused. Not with `warmup_steps`.
     network: profile (or `netmodel.Network`) that 'auto' prices against.
     algorithm: all-reduce algorithm that 'auto' assumes ('ring', 'tree', 'ps').
     seed: seed of the transform's PRNG key.
@@ -185,7 +200,7 @@ def compressed_allreduce(
     Array([[0.  , 0.5 ],
            [0.25, 0.  ]], dtype=float32)
 
-  (Longer than 80 lines for its thirteen documented arguments; the steps are
+  (Longer than 80 lines for its fourteen documented arguments; the steps are
   the helpers below it.)
 
   References:
@@ -204,8 +219,10 @@ def compressed_allreduce(
     raise ValueError(f'algorithm must be one of {netmodel.ALGORITHMS}, got {algorithm!r}')
   net = netmodel.profile(network) if isinstance(network, str) else network
   stages, stage_of = _warmup(compressor, warmup_steps, warmup_stages)
+  if ratios:
+    stages = _ratio_candidates(compressor, ratios, warmup_steps)
   options = _candidates(compressor) if collective == 'auto' else (collective,)
-  layout = lambda tree: _layout(tree, stages, options, fused, min_size, leader)
+  layout = lambda tree: _layout(tree, stages, options, fused, min_size, leader, bool(ratios))
 
   def init_fn(params):
     plan, wire, dense = layout(params)
@@ -217,10 +234,16 @@ def compressed_allreduce(
       momentum=zeros if momentum_correction else (),
       compressor_state=tuple(tuple(c.init(n) for n in plan.groups) for c in stages),
       wire=tuple(t for _, _, ts in wire for t in ts) + tuple(dense),
+      norms=jnp.zeros([2], jnp.float32),
     )
 
-  def update_fn(updates, state, params=None):
-    del params
+  def update_fn(updates, state, params=None, *, candidate=None, **extra_args):
+    del params, extra_args
+    if bool(ratios) != (candidate is not None):
+      raise ValueError(
+        'compressed_allreduce with ratios needs the extra argument candidate= (an index into '
+        'ratios, or len(ratios) for dense), and without ratios takes none'
+      )
     plan, wire, dense = layout(updates)
     n = comm.axis_size(axis_name)
     leaves, treedef = jax.tree.flatten(updates)
@@ -236,12 +259,23 @@ def compressed_allreduce(
       for s in range(len(stages))
     ]
     operands = (wanted, state.compressor_state)
-    if stage_of is None:
+    if ratios:
+      branches.append(_dense_branch(wire, axis_name))
+      index = jnp.clip(jnp.asarray(candidate, jnp.int32), 0, len(ratios))
+      mean, local, mask, cstate, counts = lax.switch(
+        comm.agree(index, axis_name), branches, *operands
+      )
+    elif stage_of is None:
       mean, local, mask, cstate, counts = branches[0](*operands)
     else:
       mean, local, mask, cstate, counts = lax.switch(
         comm.agree(stage_of(state.count), axis_name), branches, *operands
       )
+    norms = (
+      jnp.stack([sum(jnp.sum(x * x) for x in xs) for xs in (wanted, local)])
+      if wanted
+      else (jnp.zeros([2], jnp.float32))
+    )
     residual = tuple(w - lo for w, lo in zip(wanted, local, strict=True)) if error_feedback else ()
     if momentum_correction:
       momentum = tuple(jnp.where(m, 0.0, u) for m, u in zip(mask, momentum, strict=True))
@@ -256,11 +290,17 @@ def compressed_allreduce(
         out[i] = x
       transfers.append(dense_t)
     new_state = CompressedState(
-      optax.safe_increment(state.count), state.key, residual, momentum, cstate, tuple(transfers)
+      optax.safe_increment(state.count),
+      state.key,
+      residual,
+      momentum,
+      cstate,
+      tuple(transfers),
+      norms.astype(jnp.float32),
     )
     return jax.tree.unflatten(treedef, out), new_state
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def _check(compressor, collective, leader, min_size, momentum_correction, error_feedback) -> None:
@@ -305,8 +345,27 @@ def _warmup(compressor, warmup_steps: int, warmup_stages: int):
   return stages, lambda count: jnp.minimum(count // per_stage, warmup_stages)
 
 
-def _layout(tree, stages, options, fused: bool, min_size: int, leader: str):
-  """(plan, [(stage, collective, its transfers)], [the dense all-reduce]) for `tree`."""
+def _ratio_candidates(compressor, ratios, warmup_steps: int) -> tuple:
+  """The compressor at each candidate ratio (checked)."""
+  if warmup_steps:
+    raise ValueError('ratios and warmup_steps both choose the ratio per step: give one')
+  if not hasattr(compressor, 'ratio'):
+    raise ValueError(f'ratios needs a compressor with a ratio, got {compressor!r}')
+  for r in ratios:
+    if not 0.0 < r <= 1.0:
+      raise ValueError(f'ratios must all be in (0, 1], got {tuple(ratios)}')
+  if len(set(ratios)) != len(ratios):
+    raise ValueError(f'ratios must be distinct, got {tuple(ratios)}')
+  fixed_k = {'k': None} if hasattr(compressor, 'k') else {}
+  return tuple(dataclasses.replace(compressor, ratio=float(r), **fixed_k) for r in ratios)
+
+
+def _layout(tree, stages, options, fused: bool, min_size: int, leader: str, fallback=False):
+  """(plan, [(stage, collective, its transfers)], [the dense all-reduce]) for `tree`.
+
+  With `fallback`, the last entry is the dense all-reduce of the compressed
+  groups (stage `len(stages)`, collective 'dense').
+  """
   plan = _plan(tree, fused, min_size)
   for n in plan.groups:
     for c in stages:
@@ -314,6 +373,9 @@ def _layout(tree, stages, options, fused: bool, min_size: int, leader: str):
   wire = [
     (s, col, _transfers(c, col, plan, leader)) for s, c in enumerate(stages) for col in options
   ]
+  if fallback:
+    full = comm.transfer(comm.ALL_REDUCE, 4 * sum(plan.groups), 0)
+    wire.append((len(stages), 'dense', [full]))
   dense_bytes = comm.tree_nbytes([jax.tree.leaves(tree)[i] for i in plan.dense])
   dense = [comm.transfer(comm.ALL_REDUCE, dense_bytes, 0)] if plan.dense else []
   return plan, wire, dense
@@ -355,6 +417,19 @@ def _stage_branch(s: int, stages, chosen, wire, step_key, axis_name, n, leader, 
     cstate = tuple(new_c if i == s else cs for i, cs in enumerate(cstate))
     counts = [int(ws == s and col == chosen) for ws, col, ts in wire for _ in ts]
     return mean, local, mask, cstate, jnp.asarray(counts, jnp.int32)
+
+  return branch
+
+
+def _dense_branch(wire, axis_name):
+  """The dense all-reduce of the error-fed gradient: the last branch with `ratios`."""
+  fallback = len(wire) - 1
+
+  def branch(wanted, cstate):
+    mean, _ = comm.pmean(wanted, axis_name)
+    mask = tuple(jnp.ones(w.shape, bool) for w in wanted)
+    counts = [int(i == fallback) for i, (_, _, ts) in enumerate(wire) for _ in ts]
+    return mean, wanted, mask, cstate, jnp.asarray(counts, jnp.int32)
 
   return branch
 
