@@ -593,3 +593,16 @@ def test_candidates_need_the_index_and_only_then():
   plain = jd.sync.compressed_allreduce(C.topk(ratio=0.1), axis_name=runtime.AXES)
   with pytest.raises(ValueError, match='without ratios takes none'):
     make_run(plain)(worker_grads(), candidate=0)
+
+
+def test_every_candidate_s_gain_by_hand_whichever_was_sent():
+  run = make_run(candidates())
+  g = worker_grads(seed=4)
+  run(g, candidate=len(RATIOS))  # dense: the gains are still measured
+  flat = np.concatenate([np.asarray(g[k]).reshape(W, -1) for k in sorted(g)], axis=1) ** 2
+  top = np.sort(flat, axis=1)[:, ::-1].cumsum(1)
+  for i, k in enumerate((61, 6, 1)):  # floor(r · 618) for r = 0.1, 0.01, 0.001
+    np.testing.assert_allclose(
+      np.asarray(run.state.gains)[:, i], top[:, k - 1] / flat.sum(1), rtol=1e-5
+    )
+  assert np.all(np.diff(np.asarray(run.state.gains), axis=1) < 0)  # fewer kept, less gain

@@ -65,6 +65,11 @@ class CompressedState(NamedTuple):
     norms: [2] float32, this step's ‖w_n‖² (the error-fed gradient) and
       ‖C(w_n)‖² (what the worker got across): the compression gain
       δ = ‖C(w)‖² / ‖w‖² of GraVAC and ADOPT is their ratio. Per-worker.
+    gains: with `ratios`, [len(ratios)] float32: each candidate's gain
+      ‖Top-k_r(w_n)‖² / ‖w_n‖² on this step's w_n, whichever was sent (one
+      top-k at the largest ratio; the smaller ratios' are its prefix sums,
+      GraVAC's multi-level compression). Exact Top-k's gain for any
+      sparsifier. Empty without `ratios`. Per-worker.
   """
 
   count: jax.Array
@@ -74,6 +79,7 @@ class CompressedState(NamedTuple):
   compressor_state: tuple
   wire: tuple
   norms: jax.Array
+  gains: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,6 +241,7 @@ def compressed_allreduce(
       compressor_state=tuple(tuple(c.init(n) for n in plan.groups) for c in stages),
       wire=tuple(t for _, _, ts in wire for t in ts) + tuple(dense),
       norms=jnp.zeros([2], jnp.float32),
+      gains=jnp.zeros([len(ratios)], jnp.float32),
     )
 
   def update_fn(updates, state, params=None, *, candidate=None, **extra_args):
@@ -297,6 +304,7 @@ def compressed_allreduce(
       cstate,
       tuple(transfers),
       norms.astype(jnp.float32),
+      _gains(wanted, stages, norms[0]) if ratios else state.gains,
     )
     return jax.tree.unflatten(treedef, out), new_state
 
@@ -419,6 +427,16 @@ def _stage_branch(s: int, stages, chosen, wire, step_key, axis_name, n, leader, 
     return mean, local, mask, cstate, jnp.asarray(counts, jnp.int32)
 
   return branch
+
+
+def _gains(wanted, stages, total_sq) -> jax.Array:
+  """[candidates] ‖Top-k_r(w)‖² / ‖w‖², from one top-k per group at the largest k."""
+  kept = jnp.zeros([len(stages)], jnp.float32)
+  for w in wanted:
+    ks = [c.kept(w.size) for c in stages]
+    top = jnp.cumsum(lax.top_k(w * w, max(ks))[0])
+    kept = kept + jnp.stack([top[k - 1] for k in ks])
+  return jnp.where(total_sq > 0, kept / jnp.maximum(total_sq, 1e-30), 1.0)
 
 
 def _dense_branch(wire, axis_name):
