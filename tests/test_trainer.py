@@ -383,3 +383,61 @@ def test_label_partition_gives_each_worker_its_labels_and_injection_counts_bytes
   assert sorted(injected.tolist()) == [8] * 5 + [10] * 5
   labels = [set(np.asarray(row).tolist()) for row in jax.device_get(y)]
   assert all(len(s) > 1 for s in labels)  # foreign labels arrived everywhere
+
+
+# --- adaptive compression: controllers choosing compressed_allreduce's candidate --------------
+
+
+def test_a_controller_pinned_to_one_candidate_is_the_fixed_ratio_run(
+  tmp_path, data_dir, monkeypatch
+):
+  # GraVAC with one factor (10x) and a tiny ε always sends it: the Top-k 0.1 run, step for step
+  compressed = {'sync.method': 'compressed_allreduce', 'compress.name': 'topk',
+                'compress.topk.ratio': 0.1}  # fmt: skip
+  fixed = run_digits(tmp_path, 'fixed', data_dir, monkeypatch, steps=6, **compressed)
+  pinned = run_digits(
+    tmp_path, 'pinned', data_dir, monkeypatch, steps=6, adaptive='gravac', **compressed,
+    **{'gravac.theta_min': 10.0, 'gravac.theta_max': 10.0, 'gravac.epsilon': 1e-6},
+  )  # fmt: skip
+  assert [r['ratio'] for r in pinned[1]] == [0.1] * 6
+  for a, b in zip(jax.tree.leaves(fixed[2]), jax.tree.leaves(pinned[2]), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  for key in ('loss', 'payload_bytes'):
+    np.testing.assert_allclose([r[key] for r in pinned[1]], [r[key] for r in fixed[1]], rtol=1e-6)
+
+
+def test_scadles_rule_by_hand():
+  from jaxdist.train import adaptive
+
+  config = config_lib.base()
+  config.scadles_compression.update(delta=0.3, decay=0.5)
+  ctl = adaptive.ScaDLESControl(config, (0.1,), num_workers=3)
+  assert ctl.index == 1  # starts dense
+  norms = np.array([[1.0, 0.0], [2.0, 0.0], [1.0, 0.0]])
+  # signals |‖w‖² − ‖Top-k(w)‖²| / ‖w‖² = 0.2, 0.4, 0.25: two of three vote to compress
+  ctl.decide({}, norms, np.array([[0.8], [0.6], [0.75]]), used=1)
+  assert ctl.index == 0
+  # EWMAs with decay 0.5: worker 0 → (1, 0.4) (signal 0.6), 1 → (2, 1.2) (0.4), 2 → (1, 0.475)
+  ctl.decide({}, norms, np.array([[0.0], [0.6], [0.2]]), used=0)
+  np.testing.assert_allclose(ctl.sums[:, 1], [0.4, 1.2, 0.475])
+  assert ctl.index == 1  # no worker votes to compress: dense
+
+
+@pytest.mark.parametrize(
+  'overrides, message',
+  [
+    ({'adaptive': 'sometimes'}, r'config.adaptive must be one of'),
+    ({'adaptive': 'gravac'}, r'chooses the ratio of sync.method=compressed_allreduce'),
+    ({'adaptive': 'gravac', 'sync.method': 'compressed_allreduce', 'gravac.epsilon': 1.5},
+     r'epsilon'),
+    ({'adaptive': 'gravac', 'sync.method': 'compressed_allreduce',
+      'sync.compressed_allreduce.ratios': '0.5'}, r'leave config.sync.compressed_allreduce.ratios'),
+    ({'adaptive': 'scadles', 'sync.method': 'compressed_allreduce',
+      'scadles_compression.delta': 2.0}, r'config.scadles_compression: delta'),
+  ],
+)  # fmt: skip
+def test_adaptive_bad_input_names_the_key(tmp_path, data_dir, monkeypatch, overrides, message):
+  monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
+  config = factory.load_config(f'{REPO}/configs/digits.py:runlocal', **overrides)
+  with pytest.raises(factory.ConfigError, match=message):
+    factory.build(config, str(tmp_path / 'never'))

@@ -69,7 +69,8 @@ class CompressedState(NamedTuple):
       ‖Top-k_r(w_n)‖² / ‖w_n‖² on this step's w_n, whichever was sent (one
       top-k at the largest ratio; the smaller ratios' are its prefix sums,
       GraVAC's multi-level compression). Exact Top-k's gain for any
-      sparsifier. Empty without `ratios`. Per-worker.
+      sparsifier. Without `ratios`, [1]: the gain of what was sent.
+      Per-worker.
   """
 
   count: jax.Array
@@ -241,7 +242,7 @@ def compressed_allreduce(
       compressor_state=tuple(tuple(c.init(n) for n in plan.groups) for c in stages),
       wire=tuple(t for _, _, ts in wire for t in ts) + tuple(dense),
       norms=jnp.zeros([2], jnp.float32),
-      gains=jnp.zeros([len(ratios)], jnp.float32),
+      gains=jnp.zeros([len(ratios) or 1], jnp.float32),  # orbax saves no empty arrays
     )
 
   def update_fn(updates, state, params=None, *, candidate=None, **extra_args):
@@ -304,7 +305,7 @@ def compressed_allreduce(
       cstate,
       tuple(transfers),
       norms.astype(jnp.float32),
-      _gains(wanted, stages, norms[0]) if ratios else state.gains,
+      _gains(wanted, stages, norms[0]) if ratios else _sent_gain(norms),
     )
     return jax.tree.unflatten(treedef, out), new_state
 
@@ -437,6 +438,11 @@ def _gains(wanted, stages, total_sq) -> jax.Array:
     top = jnp.cumsum(lax.top_k(w * w, max(ks))[0])
     kept = kept + jnp.stack([top[k - 1] for k in ks])
   return jnp.where(total_sq > 0, kept / jnp.maximum(total_sq, 1e-30), 1.0)
+
+
+def _sent_gain(norms: jax.Array) -> jax.Array:
+  """[1] ‖C(w)‖² / ‖w‖² of what was sent (1 for w = 0)."""
+  return jnp.where(norms[0] > 0, norms[1] / jnp.maximum(norms[0], 1e-30), 1.0)[None]
 
 
 def _dense_branch(wire, axis_name):

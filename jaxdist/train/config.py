@@ -89,6 +89,7 @@ def sync() -> ml_collections.ConfigDict:
     nesterov=False,
     warmup_steps=0,  # DGC's sparsity warm-up
     warmup_stages=4,
+    ratios='',  # candidate ratios chosen per step by config.adaptive, e.g. '0.1,0.01'
     network='10gbps',  # what 'auto' prices against
     algorithm='ring',
     seed=0,
@@ -356,6 +357,16 @@ def base() -> ml_collections.ConfigDict:
   # with randomised data injection: a fraction inject_alpha of the workers shares
   # inject_beta of its batch with every other worker each step (bytes counted).
   config.partition = dict(kind='iid', labels_per_worker=1, inject_alpha=0.0, inject_beta=0.0)
+
+  # Adaptive compression (jaxdist.train.adaptive): 'gravac' (Tyagi & Swany, CLOUD 2023) or
+  # 'scadles' (ScaDLES's compress-or-not rule) choose compressed_allreduce's candidate ratio
+  # (or dense) each step from the workers' measured compression gains.
+  config.adaptive = 'none'
+  config.gravac = dict(
+    epsilon=0.7, omega=0.01, window=500, policy='exponential', theta_min=10.0, theta_max=1000.0,
+    decay=0.9,
+  )  # fmt: skip
+  config.scadles_compression = dict(delta=0.3, decay=0.9)
 
   # Scavenger's gradient-noise indicator γ = mean_k ‖g_k‖² / ‖ḡ‖², measured every
   # noise_every steps (0: never) beside training, off the clock, EWMA with noise_decay.

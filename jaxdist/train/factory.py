@@ -21,6 +21,7 @@ import ml_collections
 import optax
 
 from jaxdist import compress, control, data, models, netmodel, runtime, sync
+from jaxdist.train import adaptive
 from jaxdist.train import config as config_lib
 
 
@@ -159,6 +160,7 @@ def sync_transform(config, workers: runtime.Workers, opt) -> optax.GradientTrans
     section['averager'] = _averager(section['averager'], config, workers.axis_name, where)
   if method == 'compressed_allreduce':
     supplied['compressor'] = build_compressor(config.compress)
+    section['ratios'] = adaptive.ratios(config, getattr(supplied['compressor'], 'ratio', None))
   elif method == 'bucketed_allreduce':
     section['buckets'] = _bucket_plan(section['buckets'], where)
   elif method == 'gossip':
@@ -395,6 +397,7 @@ class Experiment:
   # per-worker batch sizes (None: uniform)
   batching: control.DynamicBatching | control.Streams | None = None
   sampler: data.Sampler | None = None  # which examples each worker trains on
+  ratio_control: adaptive.RatioControl | None = None  # config.adaptive
 
   @property
   def counted(self) -> bool:
@@ -498,11 +501,13 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     )
     sampler = build_sampler(config, ds)
     model = models.get(config.model.name, num_classes=ds.num_classes)
+    ratio_control = adaptive.build(config, workers.count, networks)
   except ValueError as e:
     raise ConfigError(str(e)) from e
   return Experiment(
-    config, workdir, ds, model, tx, schedule, workers, networks, cluster, batching, sampler
-  )
+    config, workdir, ds, model, tx, schedule, workers, networks, cluster, batching, sampler,
+    ratio_control,
+  )  # fmt: skip
 
 
 def build_sampler(config, ds: data.Dataset) -> data.Sampler:

@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 from jaxdist import comm
 from jaxdist.models.masked import masked_cross_entropy, masked_mean
 from jaxdist.runtime import DATA, SIM, Workers
+from jaxdist.sync.compressed import CompressedState
 from jaxdist.sync.pipeline import PredictionState
 
 
@@ -105,8 +106,12 @@ def make_train_step(
   only (ScaDLES's linear scaling by Σb / B; exact for any optax optimizer,
   whose update is the learning rate times a direction).
 
+  Keyword arguments reach the chain as optax's extra arguments, one value
+  per worker (e.g. `candidate=` of `compressed_allreduce(ratios=...)`).
+
   Metrics, replicated: `loss` and `accuracy` averaged over workers (over
-  examples, with `counted`), and
+  examples, with `counted`); with a compressed all-reduce in the chain,
+  each worker's `norms` and `gains` (its `CompressedState`); and
   `wire`: for each `Transfer` in the optimizer state (in tree order), how many
   times it ran this step summed over workers.
   """
@@ -118,14 +123,14 @@ def make_train_step(
     accuracy = masked_mean(correct, *count) if count else jnp.mean(correct)
     return grads, model_state, loss, accuracy
 
-  def update(grads, opt_state, params, *extra):  # extra: (count,) or (count, scale)
+  def update(grads, opt_state, params, tx_args, *extra):  # extra: (count,) or (count, scale)
     kwargs = {'weight': extra[0]} if extra else {}
-    updates, opt_state = tx.update(grads, opt_state, params, **kwargs)
+    updates, opt_state = tx.update(grads, opt_state, params, **kwargs, **tx_args)
     if len(extra) > 1:
       updates = jax.tree.map(lambda u: u * extra[1].astype(u.dtype), updates)
     return optax.apply_updates(params, updates), opt_state
 
-  def device_step(state: TrainState, x, y, *extra):  # leading axis: this device's workers
+  def device_step(state: TrainState, x, y, tx_args, *extra):  # leading: this device's workers
     args = (state.params, state.model_state, x, y, *extra[:1])
     if staggered:
       wave = jax.checkpoint(lambda args: gradients(*args))
@@ -133,7 +138,7 @@ def make_train_step(
     else:
       grads, model_state, loss, accuracy = jax.vmap(gradients)(*args)
     params, opt_state = jax.vmap(update, axis_name=SIM)(
-      grads, state.opt_state, state.params, *extra
+      grads, state.opt_state, state.params, tx_args, *extra
     )
     return TrainState(params, model_state, opt_state), {'loss': loss, 'accuracy': accuracy}
 
@@ -141,12 +146,12 @@ def make_train_step(
     device_step, mesh=workers.mesh, in_specs=P(DATA), out_specs=P(DATA), check_vma=False
   )
 
-  def step(state, x, y, *extra):
+  def step(state, x, y, *extra, **tx_args):
     if counted != bool(extra) or len(extra) > 2:
       raise ValueError(
         f'this step was made with counted={counted}: pass counts (and a scale) iff counted'
       )
-    state, per_worker = mapped(state, x, y, *extra)
+    state, per_worker = mapped(state, x, y, tx_args, *extra)
     counts = extra[:1]
     if counts:  # a mean over examples: workers weighted by their batches
       w = counts[0].astype(jnp.float32) / jnp.maximum(jnp.sum(counts[0]), 1)
@@ -154,6 +159,7 @@ def make_train_step(
     else:
       metrics = {k: jnp.mean(v) for k, v in per_worker.items()}
     metrics['wire'] = tuple(jnp.sum(t.count) for t in comm.find_transfers(state.opt_state))
+    metrics.update(_probes(state.opt_state))
     return state, metrics
 
   return jax.jit(
@@ -206,6 +212,18 @@ def make_noise_step(
     return mapped(state, x, y, *counts)
 
   return jax.jit(noise, out_shardings=workers.replicated)
+
+
+def _probes(opt_state) -> dict[str, jax.Array]:
+  """Per-worker gain ingredients of the chain's compressed all-reduce, if any (`norms`, `gains`)."""
+  found = [
+    s
+    for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, CompressedState))
+    if isinstance(s, CompressedState)
+  ]
+  if not found:
+    return {}
+  return {'norms': found[-1].norms, 'gains': found[-1].gains}
 
 
 def trained_params(state: TrainState) -> optax.Params:

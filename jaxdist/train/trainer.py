@@ -104,10 +104,13 @@ def measure_worker_step(exp: factory.Experiment, repeats: int = 20) -> float:
   x = jax.device_put(exp.dataset.normalize(exp.dataset.train.images[idx])[None], one.sharding)
   y = jax.device_put(exp.dataset.train.labels[idx][None], one.sharding)
   counts = (jax.device_put(np.full(1, exp.per_worker, np.int32), one.sharding),) if counted else ()
+  tx_args = {}
+  if exp.ratio_control is not None:  # the candidate the run starts with
+    tx_args = {'candidate': jax.device_put(np.full(1, exp.ratio_control.index), one.sharding)}
   box = [init(jax.random.key(exp.config.seed))]
 
   def run():
-    box[0], metrics = train_step(box[0], x, y, *counts)
+    box[0], metrics = train_step(box[0], x, y, *counts, **tx_args)
     return metrics
 
   return timing.median_seconds(run, repeats)
@@ -248,26 +251,41 @@ class HostSide:
     self.batches, self.noise = Batches(exp, compute_s, prices.sync_s), Noise(exp)
     self.example_bytes = exp.dataset.train.images[0].nbytes
 
-  def batch(self, t: int, state) -> tuple[tuple[jax.Array, ...], dict[str, float]]:
-    """Step t's device arrays, and the record fields measured before it runs."""
+  def batch(self, t: int, state) -> tuple[tuple[jax.Array, ...], dict[str, Any], dict[str, float]]:
+    """Step t's device arrays, the chain's extra arguments, and fields measured before it."""
     arrays, injected = put_batch(self.exp, t, self.batches.sizes, self.batches.scale)
     fields = self.noise.measure(t, state, arrays, self.clock)
     if self.exp.sampler.partition.injects:  # bytes each worker received, on average
       fields['inject_bytes'] = float(np.mean(injected)) * self.example_bytes
-    return arrays, fields
+    tx_args = {}
+    if self.exp.ratio_control is not None:
+      w = self.exp.workers
+      put = lambda a: jax.make_array_from_process_local_data(w.sharding, a[w.local_workers()])
+      tx_args = {k: put(v) for k, v in self.exp.ratio_control.tx_args(t).items()}
+    return arrays, tx_args, fields
+
+  def read(self, record: dict[str, Any], fetched: dict[str, Any]) -> dict[str, Any]:
+    """Fields the controllers add to a step's record, from its fetched metrics."""
+    if self.exp.ratio_control is None:
+      return {}
+    return self.exp.ratio_control.observe(record, fetched)
 
   def observe(self, t: int) -> dict[str, Any]:
     return self.batches.observe(t)
 
   def summary(self) -> dict[str, Any]:
-    return {**self.noise.summary(), **self.batches.summary()}
+    ratios = self.exp.ratio_control.summary() if self.exp.ratio_control else {}
+    return {**self.noise.summary(), **self.batches.summary(), **ratios}
 
   def to_json(self) -> dict[str, Any]:
-    return {'batching': self.batches.to_json(), 'noise': self.noise.to_json()}
+    ratios = self.exp.ratio_control.to_json() if self.exp.ratio_control else {}
+    return {'batching': self.batches.to_json(), 'noise': self.noise.to_json(), 'adaptive': ratios}
 
   def restore(self, meta: dict[str, Any]) -> None:
     self.batches.restore(meta.get('batching', {}))
     self.noise.restore(meta.get('noise', {}))
+    if self.exp.ratio_control is not None:
+      self.exp.ratio_control.restore(meta.get('adaptive', {}))
 
 
 class Clock:
@@ -305,8 +323,11 @@ class Clock:
 class StepLog:
   """Per-step records: device metrics fetched one step late, priced by the ledger, then written."""
 
-  def __init__(self, writer: metrics.MetricsWriter, prices: ledger.Ledger, schedule, on_write):
+  def __init__(
+    self, writer: metrics.MetricsWriter, prices: ledger.Ledger, schedule, on_write, read=None
+  ):
     self.writer, self.prices, self.schedule, self.on_write = writer, prices, schedule, on_write
+    self.read = read or (lambda record, fetched: {})
     self._pending: tuple[int, Any] | None = None
     self._extra: dict[str, float] = {}
     self._last_fetch: float | None = None
@@ -338,6 +359,7 @@ class StepLog:
       'step_s': step_s,
       **self._extra,
     }
+    record.update(self.read({'step': t, **record}, m))
     self._extra = {}
     self.writer.write(t, record)
     self.on_write(record)
@@ -410,16 +432,15 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   compute_s = measure_worker_step(exp)  # the compute term of the modelled clock
   prices = ledger.Ledger.of(exp, comm.find_transfers(state_shape.opt_state), compute_s)
   bar = report.progress(cfg.steps, start, enabled=lead and cfg.progress)
-  log = StepLog(
-    metrics.MetricsWriter(exp.workdir, start, enabled=lead), prices, exp.schedule, on_write=bar.show
-  )
-  hooks = [kill_at_step(cfg.fault.kill_at_step)]
   chunks, clock, last_eval, wall0 = eval_chunks(exp), Clock(), {}, time.time()
   host = HostSide(exp, compute_s, prices, clock)
   host.restore(meta)
+  writer = metrics.MetricsWriter(exp.workdir, start, enabled=lead)
+  log = StepLog(writer, prices, exp.schedule, on_write=bar.show, read=host.read)
+  hooks = [kill_at_step(cfg.fault.kill_at_step)]
   for t in range(start, cfg.steps):
-    batch, fields = host.batch(t, state)
-    state, m = train_step(state, *batch)
+    batch, tx_args, fields = host.batch(t, state)
+    state, m = train_step(state, *batch, **tx_args)
     log.push(t + 1, m)
     log.add({**host.observe(t), **fields})
     bar.update(1)

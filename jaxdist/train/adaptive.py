@@ -1,0 +1,224 @@
+"""Host-side controllers that choose each step's compression ratio (`config.adaptive`).
+
+`compressed_allreduce(ratios=...)` compiles every candidate ratio and a dense
+all-reduce as branches of one `lax.switch`, takes the branch index as optax's
+extra argument `candidate`, and reports each worker's gain of every candidate
+(`CompressedState.gains`, exact Top-k: ‖Top-k_r(w)‖² / ‖w‖²) and ‖w‖²
+(`norms`). A controller here reads those from the fetched step metrics and
+sets the candidate of the steps to come:
+
+- 'gravac' (Tyagi & Swany, CLOUD 2023; `jd.control.gravac`): the gains of
+  θ_min and θ_c, smoothed as a ratio of two EWMAs of the workers' mean
+  ‖C(w)‖² and ‖w‖², choose θ_c, θ_min or dense against ε each step, and
+  every `window` steps CheckGraVAC scales the candidate with the modelled
+  step time (the first network profile's `modelled_s`).
+- 'scadles' (Tyagi & Swany, BigData 2022, §IV-D): send Top-k(w) iff
+  |‖w‖² − ‖Top-k(w)‖²| / ‖w‖² ≤ δ, each worker on its own EWMAs of the two
+  squared norms (the paper's), by majority vote (more than half the workers;
+  the authors' code lets half suffice); otherwise dense, which empties the
+  residual (the paper has no error feedback; the code keeps updating it on
+  dense steps). Starts dense. The fraction of compressed steps is the CNC
+  ratio of the summary.
+
+Departure from both papers: metrics are fetched one step late (the host never
+stalls the device), so a decision takes effect two steps after the gradients
+it read; the papers decide within the step. The EWMAs make one step of lag
+small.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import numpy as np
+
+from jaxdist import control
+from jaxdist.control.gravac import DENSE, choose
+from jaxdist.control.gravac import ratios as kept_fractions
+
+CONTROLLERS = ('none', 'gravac', 'scadles')
+
+
+def ratios(config, compressor_ratio: float | None) -> tuple[float, ...]:
+  """The candidate ratios `compressed_allreduce` compiles for `config.adaptive` (() if none)."""
+  kind = config.adaptive
+  if kind not in CONTROLLERS:
+    raise ValueError(f'config.adaptive must be one of {CONTROLLERS}, got {kind!r}')
+  given = tuple(float(r) for r in str(config.sync.compressed_allreduce.ratios).split(',') if r)
+  if kind == 'none':
+    return given
+  if config.sync.method != 'compressed_allreduce':
+    raise ValueError(
+      f'config.adaptive={kind!r} chooses the ratio of sync.method=compressed_allreduce, '
+      f'got {config.sync.method!r}'
+    )
+  if kind == 'gravac':
+    g = config.gravac
+    try:
+      factors = control.candidate_factors(g.theta_min, g.theta_max, g.policy)
+    except ValueError as e:
+      raise ValueError(f'config.gravac: {e}') from e
+    out = kept_fractions(factors)
+    if given and given != out:
+      raise ValueError(
+        f'config.adaptive=gravac compiles the ratios of its factors {factors}: leave '
+        f'config.sync.compressed_allreduce.ratios empty, got {given}'
+      )
+    return out
+  if compressor_ratio is None and not given:
+    raise ValueError(
+      "config.adaptive='scadles' needs a ratio: the compressor's, or "
+      'config.sync.compressed_allreduce.ratios'
+    )
+  return given or (float(compressor_ratio),)
+
+
+class RatioControl:
+  """The candidate of the steps to come, and what the records say about it.
+
+  Args:
+    ratios: the compiled candidates; index len(ratios) is dense.
+    num_workers: K.
+    first: the index of the first steps.
+  """
+
+  def __init__(self, ratios: tuple[float, ...], num_workers: int, first: int):
+    self.ratios, self.k = ratios, num_workers
+    self.dense = len(ratios)
+    self.index = first
+    self.used: collections.OrderedDict[int, int] = collections.OrderedDict()
+    self.compressed = self.steps = 0
+
+  def tx_args(self, t: int) -> dict[str, np.ndarray]:
+    """Step t's extra arguments for the chain: the candidate, one per worker."""
+    self.used[t + 1] = self.index  # records are numbered from 1
+    while len(self.used) > 8:
+      self.used.popitem(last=False)
+    return {'candidate': np.full(self.k, self.index, np.int32)}
+
+  def observe(self, record: dict[str, Any], fetched: dict[str, Any]) -> dict[str, Any]:
+    """Takes one step's record and fetched metrics; returns fields for the record."""
+    used = self.used.get(record['step'], self.index)
+    self.steps += 1
+    self.compressed += used != self.dense
+    gains = np.asarray(fetched['gains'])
+    self.decide(record, np.asarray(fetched['norms']), gains, used)
+    ratio = 1.0 if used == self.dense else self.ratios[used]
+    gain = 1.0 if used == self.dense else float(gains[:, used].mean())
+    return {'ratio': ratio, 'gain': gain}
+
+  def decide(self, record, norms: np.ndarray, gains: np.ndarray, used: int) -> None:
+    raise NotImplementedError
+
+  def summary(self) -> dict[str, Any]:
+    return {'compressed_fraction': self.compressed / self.steps if self.steps else None}
+
+  def to_json(self) -> dict[str, Any]:
+    return {'index': self.index, 'compressed': self.compressed, 'steps': self.steps}
+
+  def restore(self, saved: dict[str, Any]) -> None:
+    if saved:
+      self.index, self.compressed, self.steps = saved['index'], saved['compressed'], saved['steps']
+
+
+class GraVACControl(RatioControl):
+  """GraVAC: ε against smoothed gains every step, CheckGraVAC every window (module docstring)."""
+
+  def __init__(self, config, ratios, num_workers: int, network: str):
+    g = config.gravac
+    factors = control.candidate_factors(g.theta_min, g.theta_max, g.policy)
+    self.ctl = control.gravac(
+      factors, epsilon=g.epsilon, omega=g.omega, window=g.window, policy=g.policy
+    )
+    self.state = self.ctl.init()
+    self.epsilon, self.decay, self.network = g.epsilon, g.decay, network
+    self.samples = config.batch_size
+    self.sums = None  # EWMAs: [candidates] mean ‖C_r(w)‖², and mean ‖w‖²
+    super().__init__(ratios, num_workers, self.state.min_index)
+
+  def decide(self, record, norms, gains, used) -> None:
+    total = norms[:, 0]
+    new = np.concatenate([(gains * total[:, None]).mean(0), [total.mean()]])
+    self.sums = new if self.sums is None else self.decay * self.sums + (1 - self.decay) * new
+    delta = self.sums[:-1] / self.sums[-1] if self.sums[-1] > 0 else np.ones(self.dense)
+    s = self.state
+    sent = DENSE if used == self.dense else used
+    if sent not in (DENSE, s.min_index, s.cand_index):
+      sent = s.cand_index if used <= s.cand_index else s.min_index  # the window just moved
+    self.state = self.ctl.update(
+      s, gain_min=float(delta[s.min_index]), gain_cand=float(delta[s.cand_index]), sent=sent,
+      step_s=float(record[f'modelled_s@{self.network}']), samples=self.samples,
+    )  # fmt: skip
+    s = self.state
+    choice = choose(
+      s, gain_min=float(delta[s.min_index]), gain_cand=float(delta[s.cand_index]),
+      epsilon=self.epsilon,
+    )  # fmt: skip
+    self.index = self.dense if choice == DENSE else choice
+
+  def to_json(self) -> dict[str, Any]:
+    plain = lambda v: v.tolist() if isinstance(v, np.ndarray) else v
+    nan = lambda v: None if isinstance(v, float) and np.isnan(v) else v
+    ctl = {k: [nan(x) for x in plain(v)] if isinstance(v, np.ndarray) else plain(v)
+           for k, v in self.state._asdict().items()}  # fmt: skip
+    sums = None if self.sums is None else self.sums.tolist()
+    return {**super().to_json(), 'gravac': ctl, 'sums': sums}
+
+  def restore(self, saved: dict[str, Any]) -> None:
+    if not saved:
+      return
+    super().restore(saved)
+    self.sums = None if saved['sums'] is None else np.asarray(saved['sums'])
+    fields = {}
+    for k, now in self.state._asdict().items():
+      v = saved['gravac'][k]
+      if isinstance(now, np.ndarray):
+        fields[k] = np.asarray([np.nan if x is None else x for x in v], now.dtype)
+      else:
+        fields[k] = type(now)(v)
+    self.state = type(self.state)(**fields)
+
+
+class ScaDLESControl(RatioControl):
+  """ScaDLES's compress-or-not rule by majority vote (module docstring)."""
+
+  def __init__(self, config, ratios, num_workers: int):
+    s = config.scadles_compression
+    if not 0.0 <= s.delta <= 1.0:
+      raise ValueError(f'config.scadles_compression: delta must be in [0, 1], got {s.delta}')
+    if not 0.0 <= s.decay < 1.0:
+      raise ValueError(f'config.scadles_compression: decay must be in [0, 1), got {s.decay}')
+    self.delta, self.decay = s.delta, s.decay
+    self.sums = None  # per worker EWMAs: ‖w‖², ‖Top-k(w)‖²
+    super().__init__(ratios, num_workers, len(ratios))
+
+  def decide(self, record, norms, gains, used) -> None:
+    del record, used
+    new = np.stack([norms[:, 0], gains[:, 0] * norms[:, 0]], axis=1)
+    self.sums = new if self.sums is None else self.decay * self.sums + (1 - self.decay) * new
+    total, kept = self.sums[:, 0], self.sums[:, 1]
+    signal = np.abs(total - kept) / np.maximum(total, 1e-30)
+    votes = int(np.sum(signal <= self.delta))
+    self.index = 0 if votes > self.k / 2 else self.dense
+
+  def to_json(self) -> dict[str, Any]:
+    sums = None if self.sums is None else self.sums.tolist()
+    return {**super().to_json(), 'sums': sums}
+
+  def restore(self, saved: dict[str, Any]) -> None:
+    if saved:
+      super().restore(saved)
+      self.sums = None if saved['sums'] is None else np.asarray(saved['sums'])
+
+
+def build(config, num_workers: int, networks) -> RatioControl | None:
+  """The controller `config.adaptive` names (None for 'none')."""
+  kind = config.adaptive
+  if kind == 'none':
+    return None
+  compressor = config.compress[config.compress.name]
+  candidates = ratios(config, compressor.get('ratio'))
+  if kind == 'gravac':
+    return GraVACControl(config, candidates, num_workers, next(iter(networks)))
+  return ScaDLESControl(config, candidates, num_workers)
