@@ -56,6 +56,8 @@ results: $(VENV)/.installed
 	$(RESULTS) --only=ddl_s1,scadles_s1,ddl_s10,scadles_s10 --results=experiments/results/streams.md
 	$(RESULTS) --only=iid,seldp,labels1,labels1_inject10,labels1_inject50,selsync_labels1_inject50,selsync005_labels1_inject50 \
 	  --config.workers=10 --config.batch_size=160 --results=experiments/results/noniid.md
+	$(RESULTS) --only=dense,topk10x,topk1000x,gravac,scadles_rule \
+	  --results=experiments/results/adaptive.md
 	$(PY) experiments/plan.py --workdir=workdir/plan
 	cp workdir/plan/plan.md workdir/plan/plan.png experiments/results/
 	$(PY) experiments/readme_tables.py

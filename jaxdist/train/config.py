@@ -280,6 +280,11 @@ def variants() -> ml_collections.ConfigDict:
       'dynamic_h2': hetero('h2', 'dynamic'),
       'uniform_h10': hetero('h10', 'uniform'),
       'dynamic_h10': hetero('h10', 'dynamic'),
+      # adaptive compression: GraVAC and ScaDLES's rule against fixed Top-k (10x, 1000x)
+      'topk10x': compressed('topk', ratio=0.1),
+      'topk1000x': compressed('topk', ratio=0.001),
+      'gravac': {**compressed('topk', ratio=0.1), 'adaptive': 'gravac', 'gravac': {'window': 50}},
+      'scadles_rule': {**compressed('topk', ratio=0.1), 'adaptive': 'scadles'},
       # streaming data (ScaDLES): the fixed-batch baseline with persistent buffers against
       # stream-proportional batches with truncated ones, at two of the paper's rate sets
       'ddl_s1': streamed('S1', 'uniform', 'persistence'),
