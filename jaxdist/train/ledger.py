@@ -17,6 +17,9 @@ from typing import Any
 from jaxdist import comm, netmodel
 
 
+FLAG_BYTES = 64  # collectives this small agree flags or scalars; they carry no model data
+
+
 class Ledger:
   """Prices the transfers of each step.
 
@@ -41,10 +44,9 @@ class Ledger:
     self.networks = dict(networks)
     self.algorithm = algorithm
     self.compute_s = compute_s
-    # a step "synchronised" if a collective of the largest size ran (not, say, SelSync's
-    # 4-byte flags); OD-SGD's waited-for and overlapped exchanges are both that size
-    largest = max((t.nbytes for t in self.transfers), default=None)
-    self._largest = [i for i, t in enumerate(self.transfers) if t.nbytes == largest]
+    # a step "synchronised" if a collective carrying model data ran: more than FLAG_BYTES
+    # (not, say, SelSync's 4-byte flags or VAR's leader norms); any candidate ratio counts
+    self._data = [i for i, t in enumerate(self.transfers) if t.nbytes > FLAG_BYTES]
 
   @classmethod
   def of(cls, exp, transfers: Sequence[comm.Transfer], compute_s: float) -> Ledger:
@@ -73,7 +75,7 @@ class Ledger:
     out: dict[str, Any] = {
       'payload_bytes': comm.total_bytes(self.transfers, counts) / n,
       'sent_bytes': sum(netmodel.sent_bytes(t, n) * c for t, c in pairs) / n,
-      'synced': int(any(counts[i] > 0 for i in self._largest)),
+      'synced': int(any(counts[i] > 0 for i in self._data)),
     }
     for name, net in self.networks.items():
       net = netmodel.network_at(net, step - 1)
