@@ -96,11 +96,13 @@ COLUMNS = (
 )
 
 
-# shown when a run has them: Scavenger's noise, ScaDLES's buffers, data injection
+# shown when a run has them: Scavenger's noise, ScaDLES's buffers, data injection, and the
+# fraction of steps an adaptive-compression controller compressed (ScaDLES's CNC ratio)
 OPTIONAL = (
   ('gamma_normalized', 'γ/K'),
   ('buffer_peak_total', 'peak buffer (samples)'),
   ('inject_bytes_per_step', 'injected B/worker/step'),
+  ('compressed_fraction', 'compressed steps'),
 )
 
 
