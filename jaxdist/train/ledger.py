@@ -16,7 +16,6 @@ from typing import Any
 
 from jaxdist import comm, netmodel
 
-
 FLAG_BYTES = 64  # collectives this small agree flags or scalars; they carry no model data
 
 
