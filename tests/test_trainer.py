@@ -441,3 +441,14 @@ def test_adaptive_bad_input_names_the_key(tmp_path, data_dir, monkeypatch, overr
   config = factory.load_config(f'{REPO}/configs/digits.py:runlocal', **overrides)
   with pytest.raises(factory.ConfigError, match=message):
     factory.build(config, str(tmp_path / 'never'))
+
+
+def test_a_controller_decides_each_step_from_the_step_before(tmp_path, data_dir, monkeypatch):
+  # ScaDLES's rule with δ = 1 compresses once it has seen any gain: dense, then compressed
+  run = run_digits(
+    tmp_path, 'rule', data_dir, monkeypatch, steps=3, adaptive='scadles',
+    **{'sync.method': 'compressed_allreduce', 'compress.name': 'topk',
+       'compress.topk.ratio': 0.1, 'scadles_compression.delta': 1.0},
+  )  # fmt: skip
+  assert [r['ratio'] for r in run[1]] == [1.0, 0.1, 0.1]
+  assert run[0]['compressed_fraction'] == 2 / 3

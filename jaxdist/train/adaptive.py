@@ -20,10 +20,11 @@ sets the candidate of the steps to come:
   dense steps). Starts dense. The fraction of compressed steps is the CNC
   ratio of the summary.
 
-Departure from both papers: metrics are fetched one step late (the host never
-stalls the device), so a decision takes effect two steps after the gradients
-it read; the papers decide within the step. The EWMAs make one step of lag
-small.
+Departure from both papers: the decision for a step is taken on the host
+from the gains up to the step before (the trainer then fetches each step's
+metrics before the next starts, which it otherwise does one step late); the
+papers decide within the step, on its own gradient. The EWMAs make the
+difference one step of smoothing.
 """
 
 from __future__ import annotations

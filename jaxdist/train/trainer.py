@@ -264,6 +264,11 @@ class HostSide:
       tx_args = {k: put(v) for k, v in self.exp.ratio_control.tx_args(t).items()}
     return arrays, tx_args, fields
 
+  @property
+  def synchronous(self) -> bool:
+    """Whether each step waits for the last one's metrics (a ratio controller reads them)."""
+    return self.exp.ratio_control is not None
+
   def read(self, record: dict[str, Any], fetched: dict[str, Any]) -> dict[str, Any]:
     """Fields the controllers add to a step's record, from its fetched metrics."""
     if self.exp.ratio_control is None:
@@ -439,6 +444,8 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   log = StepLog(writer, prices, exp.schedule, on_write=bar.show, read=host.read)
   hooks = [kill_at_step(cfg.fault.kill_at_step)]
   for t in range(start, cfg.steps):
+    if host.synchronous:  # a controller decides this step from the last one's metrics
+      log.flush()
     batch, tx_args, fields = host.batch(t, state)
     state, m = train_step(state, *batch, **tx_args)
     log.push(t + 1, m)
