@@ -606,3 +606,10 @@ def test_every_candidate_s_gain_by_hand_whichever_was_sent():
       np.asarray(run.state.gains)[:, i], top[:, k - 1] / flat.sum(1), rtol=1e-5
     )
   assert np.all(np.diff(np.asarray(run.state.gains), axis=1) < 0)  # fewer kept, less gain
+
+
+def test_an_index_out_of_range_sends_dense():
+  for index in (-1, len(RATIOS) + 3):
+    run = make_run(candidates())
+    run(worker_grads(), candidate=index)
+    assert run.history[-1][-1] == 1 and sum(run.history[-1]) == 1

@@ -434,6 +434,17 @@ def test_scadles_rule_by_hand():
       'sync.compressed_allreduce.ratios': '0.5'}, r'leave config.sync.compressed_allreduce.ratios'),
     ({'adaptive': 'scadles', 'sync.method': 'compressed_allreduce',
       'scadles_compression.delta': 2.0}, r'config.scadles_compression: delta'),
+    ({'adaptive': 'scadles', 'sync.method': 'compressed_allreduce',
+      'sync.compressed_allreduce.ratios': '0.1,0.01'}, r'compresses at one ratio'),
+    ({'sync.method': 'compressed_allreduce', 'sync.compressed_allreduce.ratios': '0.1'},
+     r'chosen per step by a controller'),
+    ({'sync.method': 'compressed_allreduce', 'sync.compressed_allreduce.ratios': '0.1;0.2'},
+     r'ratios must be comma-separated numbers'),
+    ({'adaptive': 'gravac', 'sync.method': 'compressed_allreduce', 'network.profiles': ''},
+     r'give config.network.profiles'),
+    ({'adaptive': 'gravac', 'sync.method': 'compressed_allreduce', 'gravac.decay': 1.0},
+     r'config.gravac: decay'),
+    ({'noise_every': -3}, r'noise_every must be >= 0'),
   ],
 )  # fmt: skip
 def test_adaptive_bad_input_names_the_key(tmp_path, data_dir, monkeypatch, overrides, message):

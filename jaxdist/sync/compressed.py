@@ -182,8 +182,8 @@ def compressed_allreduce(
     ratios: candidate kept fractions, compiled together for controllers that
       change the ratio while training (GraVAC, ADOPT): each is a branch of
       a `lax.switch`, and so is a dense all-reduce of the error-fed
-      gradient (index `len(ratios)`: everything is sent, the residual
-      empties). Each step's index comes as optax's extra argument
+      gradient (index `len(ratios)`, or any index out of range: everything
+      is sent, the residual empties). Each step's index comes as optax's extra argument
       `candidate` (an int every worker is given equally, traced: changing
       it never recompiles); only that branch's collective runs, and the
       error-feedback memory carries across changes. The compressor's own
@@ -269,7 +269,8 @@ def compressed_allreduce(
     operands = (wanted, state.compressor_state)
     if ratios:
       branches.append(_dense_branch(wire, axis_name))
-      index = jnp.clip(jnp.asarray(candidate, jnp.int32), 0, len(ratios))
+      index = jnp.asarray(candidate, jnp.int32)
+      index = jnp.where((index < 0) | (index > len(ratios)), len(ratios), index)  # else dense
       mean, local, mask, cstate, counts = lax.switch(
         comm.agree(index, axis_name), branches, *operands
       )

@@ -46,8 +46,19 @@ def ratios(config, compressor_ratio: float | None) -> tuple[float, ...]:
   kind = config.adaptive
   if kind not in CONTROLLERS:
     raise ValueError(f'config.adaptive must be one of {CONTROLLERS}, got {kind!r}')
-  given = tuple(float(r) for r in str(config.sync.compressed_allreduce.ratios).split(',') if r)
+  text = str(config.sync.compressed_allreduce.ratios)
+  try:
+    given = tuple(float(r) for r in text.split(',') if r.strip())
+  except ValueError:
+    raise ValueError(
+      f'config.sync.compressed_allreduce.ratios must be comma-separated numbers, got {text!r}'
+    ) from None
   if kind == 'none':
+    if given:
+      raise ValueError(
+        'config.sync.compressed_allreduce.ratios are chosen per step by a controller: set '
+        "config.adaptive ('gravac' or 'scadles') or leave the ratios empty"
+      )
     return given
   if config.sync.method != 'compressed_allreduce':
     raise ValueError(
@@ -71,6 +82,11 @@ def ratios(config, compressor_ratio: float | None) -> tuple[float, ...]:
     raise ValueError(
       "config.adaptive='scadles' needs a ratio: the compressor's, or "
       'config.sync.compressed_allreduce.ratios'
+    )
+  if len(given) > 1:
+    raise ValueError(
+      f"config.adaptive='scadles' compresses at one ratio or sends dense: give one ratio in "
+      f'config.sync.compressed_allreduce.ratios, got {given}'
     )
   return given or (float(compressor_ratio),)
 
@@ -139,14 +155,14 @@ class GraVACControl(RatioControl):
     super().__init__(ratios, num_workers, self.state.min_index)
 
   def decide(self, record, norms, gains, used) -> None:
-    total = norms[:, 0]
+    total = norms[:, 0].astype(np.float64)  # float64, as a checkpoint restores it
     new = np.concatenate([(gains * total[:, None]).mean(0), [total.mean()]])
     self.sums = new if self.sums is None else self.decay * self.sums + (1 - self.decay) * new
     delta = self.sums[:-1] / self.sums[-1] if self.sums[-1] > 0 else np.ones(self.dense)
     s = self.state
     sent = DENSE if used == self.dense else used
-    if sent not in (DENSE, s.min_index, s.cand_index):
-      sent = s.cand_index if used <= s.cand_index else s.min_index  # the window just moved
+    if sent not in (DENSE, s.min_index, s.cand_index):  # cannot happen: decided last step
+      raise AssertionError(f'GraVAC sent grid index {sent}, neither θ_min, θ_c nor dense')
     self.state = self.ctl.update(
       s, gain_min=float(delta[s.min_index]), gain_cand=float(delta[s.cand_index]), sent=sent,
       step_s=float(record[f'modelled_s@{self.network}']), samples=self.samples,
@@ -196,7 +212,8 @@ class ScaDLESControl(RatioControl):
 
   def decide(self, record, norms, gains, used) -> None:
     del record, used
-    new = np.stack([norms[:, 0], gains[:, 0] * norms[:, 0]], axis=1)
+    total = norms[:, 0].astype(np.float64)  # float64, as a checkpoint restores it
+    new = np.stack([total, gains[:, 0] * total], axis=1)
     self.sums = new if self.sums is None else self.decay * self.sums + (1 - self.decay) * new
     total, kept = self.sums[:, 0], self.sums[:, 1]
     signal = np.abs(total - kept) / np.maximum(total, 1e-30)
@@ -221,5 +238,12 @@ def build(config, num_workers: int, networks) -> RatioControl | None:
   compressor = config.compress[config.compress.name]
   candidates = ratios(config, compressor.get('ratio'))
   if kind == 'gravac':
+    if not 0.0 <= config.gravac.decay < 1.0:
+      raise ValueError(f'config.gravac: decay must be in [0, 1), got {config.gravac.decay}')
+    if not networks:
+      raise ValueError(
+        "config.adaptive='gravac' times each factor on the modelled clock: give "
+        'config.network.profiles (e.g. 1gbps)'
+      )
     return GraVACControl(config, candidates, num_workers, next(iter(networks)))
   return ScaDLESControl(config, candidates, num_workers)

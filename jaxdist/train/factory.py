@@ -457,6 +457,8 @@ def names(text: str) -> list[str]:
 
 
 def _check_counts(config) -> None:
+  if config.noise_every < 0:
+    raise ValueError(f'noise_every must be >= 0 (0: never), got {config.noise_every}')
   for key in (
     'steps',
     'batch_size',

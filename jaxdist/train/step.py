@@ -186,7 +186,7 @@ def make_noise_step(
 
   A measurement beside training, not part of it: it runs a forward and
   backward pass of its own and one all-reduce that the ledger does not
-  count (the trainer runs it every `config.noise.every` steps, off the
+  count (the trainer runs it every `config.noise_every` steps, off the
   clock).
   """
 

@@ -116,6 +116,24 @@ def measure_worker_step(exp: factory.Experiment, repeats: int = 20) -> float:
   return timing.median_seconds(run, repeats)
 
 
+def worker_step_s(exp: factory.Experiment, meta: dict[str, Any]) -> float:
+  """The compute term: measured once per run, the same in every process, kept by checkpoints.
+
+  A resumed run reuses the measurement its checkpoint recorded, and with
+  several processes process 0's measurement is everyone's, so host-side
+  decisions that read the modelled clock (streams, GraVAC) agree across
+  processes and across a crash.
+  """
+  if meta.get('compute_s'):
+    return float(meta['compute_s'])
+  compute_s = measure_worker_step(exp)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    compute_s = float(multihost_utils.broadcast_one_to_all(np.float64(compute_s)))
+  return compute_s
+
+
 class Batches:
   """Per-worker batch sizes of a run: uniform, static, dynamic, or set by the data streaming in.
 
@@ -156,6 +174,8 @@ class Batches:
       return {}
     times = self.exp.cluster.compute_seconds(t, self.state.batches, self.per_example_s)
     record = {'batches': self.state.batches.tolist(), 'compute_s': times.tolist()}
+    if self.scale is not None:  # the learning rate of this step is learning_rate × lr_scale
+      record['lr_scale'] = self.scale
     if self.exp.streaming:
       record.update(wait_s=self.state.wait_s.tolist(), queue=self.state.queue.tolist())
       self.state = self.ctl.update(self.state, float(times.max()) + self.comm_s(t))
@@ -434,7 +454,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       os.path.join(exp.workdir, 'config.json'), cfg.to_json_best_effort(indent=2)
     )
 
-  compute_s = measure_worker_step(exp)  # the compute term of the modelled clock
+  compute_s = worker_step_s(exp, meta)  # the compute term of the modelled clock
   prices = ledger.Ledger.of(exp, comm.find_transfers(state_shape.opt_state), compute_s)
   bar = report.progress(cfg.steps, start, enabled=lead and cfg.progress)
   chunks, clock, last_eval, wall0 = eval_chunks(exp), Clock(), {}, time.time()
@@ -460,7 +480,8 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       if done % cfg.checkpoint_every == 0 or done == cfg.steps:
         log.flush()
         log.writer.flush()  # the log reaches the checkpoint's step before the checkpoint commits
-        ckpt.save(done, state, {'step': done, 'seed': cfg.seed, **host.to_json()})
+        saved = {'step': done, 'seed': cfg.seed, 'compute_s': compute_s, **host.to_json()}
+        ckpt.save(done, state, saved)
       for hook in hooks:
         hook(done, log, ckpt)
   log.flush()
