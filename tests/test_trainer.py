@@ -463,3 +463,34 @@ def test_a_controller_decides_each_step_from_the_step_before(tmp_path, data_dir,
   )  # fmt: skip
   assert [r['ratio'] for r in run[1]] == [1.0, 0.1, 0.1]
   assert run[0]['compressed_fraction'] == 2 / 3
+
+
+def test_ratio_controllers_round_trip_through_checkpoint_json():
+  import json
+
+  from jaxdist.train import adaptive
+
+  config = config_lib.base()
+  config.gravac.window = 2
+  rng = np.random.default_rng(0)
+  for make in (
+    lambda: adaptive.GraVACControl(config, adaptive.ratios(_gravac(config), None), 4, '1gbps'),
+    lambda: adaptive.ScaDLESControl(config, (0.1,), 4),
+  ):
+    ctl = make()
+    for t in range(5):
+      ctl.tx_args(t)
+      gains = np.sort(rng.uniform(0.3, 1.0, (4, len(ctl.ratios))), axis=1)[:, ::-1]
+      ctl.observe({'step': t + 1, 'modelled_s@1gbps': 0.01 * (t + 1)},
+                  {'norms': rng.uniform(1, 2, (4, 2)), 'gains': gains})  # fmt: skip
+    saved = json.loads(json.dumps(ctl.to_json()))
+    back = make()
+    back.restore(saved)
+    assert json.dumps(back.to_json()) == json.dumps(ctl.to_json())
+    assert back.index == ctl.index
+
+
+def _gravac(config):
+  config.sync.method = 'compressed_allreduce'
+  config.adaptive = 'gravac'
+  return config

@@ -37,6 +37,8 @@ import numpy as np
 from jaxdist import control
 from jaxdist.control.gravac import DENSE, choose
 from jaxdist.control.gravac import ratios as kept_fractions
+from jaxdist.train import checkpoint
+from jaxdist.train import config as config_lib
 
 CONTROLLERS = ('none', 'gravac', 'scadles')
 
@@ -46,13 +48,8 @@ def ratios(config, compressor_ratio: float | None) -> tuple[float, ...]:
   kind = config.adaptive
   if kind not in CONTROLLERS:
     raise ValueError(f'config.adaptive must be one of {CONTROLLERS}, got {kind!r}')
-  text = str(config.sync.compressed_allreduce.ratios)
-  try:
-    given = tuple(float(r) for r in text.split(',') if r.strip())
-  except ValueError:
-    raise ValueError(
-      f'config.sync.compressed_allreduce.ratios must be comma-separated numbers, got {text!r}'
-    ) from None
+  where = 'sync.compressed_allreduce.ratios'
+  given = config_lib.numbers(config.sync.compressed_allreduce.ratios, where)
   if kind == 'none':
     if given:
       raise ValueError(
@@ -175,26 +172,15 @@ class GraVACControl(RatioControl):
     self.index = self.dense if choice == DENSE else choice
 
   def to_json(self) -> dict[str, Any]:
-    plain = lambda v: v.tolist() if isinstance(v, np.ndarray) else v
-    nan = lambda v: None if isinstance(v, float) and np.isnan(v) else v
-    ctl = {k: [nan(x) for x in plain(v)] if isinstance(v, np.ndarray) else plain(v)
-           for k, v in self.state._asdict().items()}  # fmt: skip
     sums = None if self.sums is None else self.sums.tolist()
-    return {**super().to_json(), 'gravac': ctl, 'sums': sums}
+    return {**super().to_json(), 'gravac': checkpoint.state_to_json(self.state), 'sums': sums}
 
   def restore(self, saved: dict[str, Any]) -> None:
     if not saved:
       return
     super().restore(saved)
     self.sums = None if saved['sums'] is None else np.asarray(saved['sums'])
-    fields = {}
-    for k, now in self.state._asdict().items():
-      v = saved['gravac'][k]
-      if isinstance(now, np.ndarray):
-        fields[k] = np.asarray([np.nan if x is None else x for x in v], now.dtype)
-      else:
-        fields[k] = type(now)(v)
-    self.state = type(self.state)(**fields)
+    self.state = checkpoint.state_from_json(self.state, saved['gravac'])
 
 
 class ScaDLESControl(RatioControl):

@@ -90,3 +90,19 @@ def read(directory: str, step: int | None = None) -> tuple[dict[str, Any], dict[
   with open(os.path.join(path, 'meta', 'metadata')) as f:
     meta = json.load(f)
   return state, meta
+
+
+def state_to_json(state: tuple) -> dict[str, Any]:
+  """A host controller's NamedTuple state as checkpoint metadata: arrays as lists, NaN as None."""
+  plain = lambda v: v.tolist() if isinstance(v, np.ndarray) else v
+  nan = lambda v: None if isinstance(v, float) and np.isnan(v) else v
+  return {k: jax.tree.map(nan, plain(v)) for k, v in state._asdict().items()}
+
+
+def state_from_json(template: tuple, saved: dict[str, Any]) -> tuple:
+  """The inverse of `state_to_json`, with `template`'s field types and array dtypes."""
+  fields = {}
+  for k, now in template._asdict().items():
+    v = jax.tree.map(lambda x: np.nan if x is None else x, saved[k], is_leaf=lambda x: x is None)
+    fields[k] = np.asarray(v, now.dtype) if isinstance(now, np.ndarray) else type(now)(v)
+  return type(template)(**fields)

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import ml_collections
 from matplotlib.figure import Figure
 
+from jaxdist.train import config as config_lib
 from jaxdist.train import factory, ledger, metrics, report, trainer
 
 TABLE_FILE = 'compare.md'
@@ -61,7 +62,7 @@ def run(
     summary = trainer.train_and_evaluate(config, os.path.join(workdir, name))
     records = metrics.read_jsonl(os.path.join(workdir, name, metrics.METRICS_FILE))
     runs[name] = Run(summary, records, clocks[name])
-  networks = factory.names(base.network.profiles)
+  networks = config_lib.names(base.network.profiles)
   rows = table_rows(runs, networks)
   columns = COLUMNS + tuple((f'tta@{n}', f'time to {rows[0]["target"]:.4f} @{n}') for n in networks)
   columns += tuple(c for c in OPTIONAL if any(c[0] in row for row in rows))

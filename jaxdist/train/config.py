@@ -395,6 +395,19 @@ def base() -> ml_collections.ConfigDict:
   return config
 
 
+def names(text: str) -> list[str]:
+  """The items of a comma-separated config string."""
+  return [t.strip() for t in text.split(',') if t.strip()]
+
+
+def numbers(text: str, where: str) -> tuple[float, ...]:
+  """The numbers of a comma-separated config string; errors name `config.<where>`."""
+  try:
+    return tuple(float(v) for v in names(str(text)))
+  except ValueError:
+    raise ValueError(f'config.{where} must be comma-separated numbers, got {text!r}') from None
+
+
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
   """The `:arg` of `--config=file.py:arg`, e.g. 'runlocal,workers=16', as a ConfigDict.
 

@@ -186,7 +186,7 @@ def build_chain(config, workers: runtime.Workers) -> tuple[optax.GradientTransfo
   if method not in config_lib.METHODS or method not in config.sync:
     raise ValueError(f'unknown sync.method {method!r}; choose one of {sorted(config_lib.METHODS)}')
   opt, schedule = build_optimizer(config.optimizer, config.steps)
-  fixes = names(config.sync.compensation)
+  fixes = config_lib.names(config.sync.compensation)
   if fixes and method != 'gradient_delay':
     raise ValueError(f'config.sync.compensation applies to gradient_delay, not {method!r}')
   if unknown := set(fixes) - set(COMPENSATIONS):
@@ -227,13 +227,6 @@ def build_chain(config, workers: runtime.Workers) -> tuple[optax.GradientTransfo
 # --- the cluster the modelled clock pretends to have --------------------------------
 
 
-def _numbers(text: str, where: str) -> tuple[float, ...]:
-  try:
-    return tuple(float(v) for v in names(str(text)))
-  except ValueError:
-    raise ValueError(f'config.{where} must be comma-separated numbers, got {text!r}') from None
-
-
 def _phases(text: str) -> tuple[tuple[int, tuple[float, ...]], ...]:
   phases = []
   for i, part in enumerate(p for p in str(text).split(';') if p.strip()):
@@ -242,7 +235,7 @@ def _phases(text: str) -> tuple[tuple[int, tuple[float, ...]], ...]:
       raise ValueError(
         f"config.cluster.phases: phase {i} must be 'steps:factor,factor,...', got {part!r}"
       )
-    phases.append((int(steps), _numbers(factors, 'cluster.phases')))
+    phases.append((int(steps), config_lib.numbers(factors, 'cluster.phases')))
   return tuple(phases)
 
 
@@ -252,7 +245,7 @@ def _stream_rates(cfg, num_workers: int) -> tuple[float, ...]:
   if text.upper() in control.RATE_SETS:
     rates = control.stream_rates(text.upper(), num_workers, seed=cfg.seed)
     return tuple(float(r) for r in rates)
-  return _numbers(text, 'cluster.stream_rates')
+  return config_lib.numbers(text, 'cluster.stream_rates')
 
 
 def build_cluster(cfg, num_workers: int) -> netmodel.Cluster | None:
@@ -265,7 +258,7 @@ def build_cluster(cfg, num_workers: int) -> netmodel.Cluster | None:
     stream_rates=_stream_rates(cfg, num_workers),
     price=cfg.price,
   )
-  speeds, cores = _numbers(cfg.speeds, 'cluster.speeds'), str(cfg.cores).strip()
+  speeds, cores = config_lib.numbers(cfg.speeds, 'cluster.speeds'), str(cfg.cores).strip()
   described = speeds or cores or cfg.straggler_p or kwargs['phases'] or cfg.price
   if not (described or kwargs['stream_rates']):
     return None
@@ -275,7 +268,7 @@ def build_cluster(cfg, num_workers: int) -> netmodel.Cluster | None:
     if cores:
       by_name = cores.lower() in netmodel.H_LEVELS
       cluster = netmodel.Cluster.from_cores(
-        cores if by_name else _numbers(cores, 'cluster.cores'), **kwargs
+        cores if by_name else config_lib.numbers(cores, 'cluster.cores'), **kwargs
       )
     else:
       cluster = netmodel.Cluster(speeds or (1.0,) * num_workers, **kwargs)
@@ -451,11 +444,6 @@ def load_dataset(cfg: ml_collections.ConfigDict) -> data.Dataset:
   )
 
 
-def names(text: str) -> list[str]:
-  """The items of a comma-separated config string."""
-  return [t.strip() for t in text.split(',') if t.strip()]
-
-
 def _check_counts(config) -> None:
   if config.noise_every < 0:
     raise ValueError(f'noise_every must be >= 0 (0: never), got {config.noise_every}')
@@ -494,7 +482,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
       raise ValueError(
         f'network.algorithm must be one of {netmodel.ALGORITHMS}, got {config.network.algorithm!r}'
       )
-    networks = {name: netmodel.resolve(name) for name in names(config.network.profiles)}
+    networks = {name: netmodel.resolve(name) for name in config_lib.names(config.network.profiles)}
     cluster = build_cluster(config.cluster, config.workers)
     batching = build_batching(config, cluster)
     ds = load_dataset(config.dataset)

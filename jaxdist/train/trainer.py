@@ -193,21 +193,12 @@ class Batches:
 
   def to_json(self) -> dict[str, Any]:
     """The controller's state for a checkpoint's metadata (NaN as None)."""
-    if self.state is None:
-      return {}
-    plain = lambda v: v.tolist() if isinstance(v, np.ndarray) else v
-    nan = lambda v: None if isinstance(v, float) and np.isnan(v) else v
-    return {k: jax.tree.map(nan, plain(v)) for k, v in self.state._asdict().items()}
+    return {} if self.state is None else checkpoint.state_to_json(self.state)
 
   def restore(self, saved: dict[str, Any]) -> None:
     """The controller's state as a checkpoint's metadata saved it."""
-    if self.state is None or not saved:
-      return
-    fields = {}
-    for k, now in self.state._asdict().items():
-      v = jax.tree.map(lambda x: np.nan if x is None else x, saved[k], is_leaf=lambda x: x is None)
-      fields[k] = np.asarray(v, now.dtype) if isinstance(now, np.ndarray) else type(now)(v)
-    self.state = type(self.state)(**fields)
+    if self.state is not None and saved:
+      self.state = checkpoint.state_from_json(self.state, saved)
 
 
 class Noise:
@@ -249,11 +240,11 @@ class Noise:
     return {'gamma': gamma, 'gamma_normalized': gamma / k}
 
   def to_json(self) -> dict[str, Any]:
-    return self.state._asdict()
+    return checkpoint.state_to_json(self.state)
 
   def restore(self, saved: dict[str, Any]) -> None:
     if saved:
-      self.state = type(self.state)(**saved)
+      self.state = checkpoint.state_from_json(self.state, saved)
 
 
 class HostSide:
