@@ -570,6 +570,46 @@ def test_candidates_are_real_branches_and_changing_them_never_recompiles(devices
   assert [h.index(1) for h in run.history] == [0, 3, 1, 2]
 
 
+def test_a_pinned_ratio_and_collective_reproduce_the_fixed_run_exactly():
+  # ratios with collective='auto': every (ratio, collective) pair is a branch; via picks the
+  # collective (0 all-gather, 1 AR-Top-k) and a pinned pair is the fixed transform, bitwise
+  grads = lambda t: worker_grads(seed=t)
+  pairs = [(i, j) for i in range(len(RATIOS)) for j in range(2)]
+  for i, j in pairs:
+    col = ('allgather', 'allreduce')[j]
+    fixed = make_run(
+      jd.sync.compressed_allreduce(C.topk(ratio=RATIOS[i]), axis_name=runtime.AXES, collective=col)
+    )
+    pinned = make_run(candidates(collective='auto'))
+    for t in range(3):
+      fixed(grads(t))
+      pinned(grads(t), candidate=i, via=j)
+    for a, b in zip(jax.tree.leaves(fixed.params), jax.tree.leaves(pinned.params), strict=True):
+      np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(fixed.state.residual[0], pinned.state.residual[0])
+    # one branch's collectives ran per step: AG has one transfer, AR-Top-k two (indices, values)
+    assert all(sum(h) == (1 if j == 0 else 2) for h in pinned.history)
+    assert all(h == pinned.history[0] for h in pinned.history)
+
+
+def test_ratio_and_collective_pairs_are_branches_and_never_recompile():
+  run = make_run(candidates(collective='auto'))
+  text = run.hlo(worker_grads(), candidate=0, via=1)
+  branches = comm.hlo.conditional_branches(text)
+  found = comm.hlo.collectives(text)
+  assert found and all(c.computation in branches for c in found)
+  assert len(branches) >= 2 * len(RATIOS) + 1
+  runs = [(0, 0), (2, 1), (3, 0), (1, 1), (1, 0)]
+  for i, j in runs:
+    run(worker_grads(), candidate=i, via=j)
+  assert run.step._cache_size() == 1
+  ran = {tuple(h) for h in run.history}
+  assert len(ran) == len(runs)  # five distinct branches ran, each alone
+  assert run.history[2][-1] == 1 and sum(run.history[2]) == 1  # index 3: the dense all-reduce
+  with pytest.raises(ValueError, match=r"via= .* only with ratios and collective='auto'"):
+    make_run(candidates())(worker_grads(), candidate=0, via=0)
+
+
 @pytest.mark.parametrize(
   'make, message',
   [

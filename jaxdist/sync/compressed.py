@@ -188,6 +188,12 @@ def compressed_allreduce(
       it never recompiles); only that branch's collective runs, and the
       error-feedback memory carries across changes. The compressor's own
       ratio is then unused. Not with `warmup_steps`.
+      With `collective='auto'` as well, every (ratio, collective) pair is
+      its own branch, and the extra argument `via` (optional, traced)
+      indexes the collectives ('allgather', 'allreduce' for sparsifiers;
+      'allreduce', 'allgather' for summable payloads) for controllers that
+      choose the collective per step too (ADOPT); without it each ratio
+      takes the one the α-β model prices lower.
     network: profile (or `netmodel.Network`) that 'auto' prices against.
     algorithm: all-reduce algorithm that 'auto' assumes ('ring', 'tree', 'ps').
     seed: seed of the transform's PRNG key.
@@ -245,12 +251,17 @@ def compressed_allreduce(
       gains=jnp.zeros([len(ratios) or 1], jnp.float32),  # orbax saves no empty arrays
     )
 
-  def update_fn(updates, state, params=None, *, candidate=None, **extra_args):
+  def update_fn(updates, state, params=None, *, candidate=None, via=None, **extra_args):
     del params, extra_args
     if bool(ratios) != (candidate is not None):
       raise ValueError(
         'compressed_allreduce with ratios needs the extra argument candidate= (an index into '
         'ratios, or len(ratios) for dense), and without ratios takes none'
+      )
+    if via is not None and not (ratios and collective == 'auto'):
+      raise ValueError(
+        "compressed_allreduce takes the extra argument via= (the collective's index) only "
+        "with ratios and collective='auto'"
       )
     plan, wire, dense = layout(updates)
     n = comm.axis_size(axis_name)
@@ -267,7 +278,24 @@ def compressed_allreduce(
       for s in range(len(stages))
     ]
     operands = (wanted, state.compressor_state)
-    if ratios:
+    if ratios and len(options) > 1:  # every (ratio, collective) pair, then dense
+      branches = [
+        _stage_branch(s, stages, col, wire, step_key, axis_name, n, leader, state.count)
+        for s in range(len(stages))
+        for col in options
+      ]
+      branches.append(_dense_branch(wire, axis_name))
+      index = jnp.asarray(candidate, jnp.int32)
+      cheapest = jnp.asarray([options.index(c) for c in chosen], jnp.int32)
+      way = cheapest[jnp.clip(index, 0, len(stages) - 1)] if via is None else via
+      way = jnp.clip(jnp.asarray(way, jnp.int32), 0, len(options) - 1)
+      index = jnp.where(
+        (index < 0) | (index >= len(ratios)), len(branches) - 1, index * len(options) + way
+      )  # out of range: dense
+      mean, local, mask, cstate, counts = lax.switch(
+        comm.agree(index, axis_name), branches, *operands
+      )
+    elif ratios:
       branches.append(_dense_branch(wire, axis_name))
       index = jnp.asarray(candidate, jnp.int32)
       index = jnp.where((index < 0) | (index > len(ratios)), len(ratios), index)  # else dense
