@@ -20,11 +20,27 @@ sets the candidate of the steps to come:
   dense steps). Starts dense. The fraction of compressed steps is the CNC
   ratio of the summary.
 
-Departure from both papers: the decision for a step is taken on the host
+- 'adopt' (Tyagi & Swany, BigData 2023; `jd.control.adopt`): after
+  `adopt.warmup_steps`, every candidate runs `explore_steps` steps from the
+  same in-memory copy of the train state, which the trainer saves and
+  restores (`action`); the measured gains (‖C(w)‖ / ‖w‖, the workers' mean)
+  and the ratio's modelled communication on the network in force are fitted,
+  and NSGA-II with ASF picks the ratio and the all-gather/AR-Top-k choice
+  again whenever the network (α, β) changes, or explores again when the
+  gain drifts. Needs `collective='auto'` (both collectives compiled) and
+  Top-k. The network is the first profile's (e.g. the schedule
+  'adopt_c1@50'), read at the step that ran: a change is seen one step late,
+  as a measurement would. Exploration steps are training steps (their data
+  and time count; their updates are undone).
+
+Departure from all three papers: the decision for a step is taken on the host
 from the gains up to the step before (the trainer then fetches each step's
 metrics before the next starts, which it otherwise does one step late); the
 papers decide within the step, on its own gradient. The EWMAs make the
-difference one step of smoothing.
+difference one step of smoothing. Evaluations and checkpoints that fall
+inside an ADOPT exploration wait for its end (the trainer never saves or
+scores a model the exploration will undo); a run that ends mid-exploration
+ends on the saved state.
 """
 
 from __future__ import annotations
@@ -34,13 +50,13 @@ from typing import Any
 
 import numpy as np
 
-from jaxdist import control
+from jaxdist import control, netmodel
 from jaxdist.control.gravac import DENSE, choose
 from jaxdist.control.gravac import ratios as kept_fractions
 from jaxdist.train import checkpoint
 from jaxdist.train import config as config_lib
 
-CONTROLLERS = ('none', 'gravac', 'scadles')
+CONTROLLERS = ('none', 'gravac', 'scadles', 'adopt')
 
 
 def ratios(config, compressor_ratio: float | None) -> tuple[float, ...]:
@@ -54,7 +70,7 @@ def ratios(config, compressor_ratio: float | None) -> tuple[float, ...]:
     if given:
       raise ValueError(
         'config.sync.compressed_allreduce.ratios are chosen per step by a controller: set '
-        "config.adaptive ('gravac' or 'scadles') or leave the ratios empty"
+        "config.adaptive ('gravac', 'scadles' or 'adopt') or leave the ratios empty"
       )
     return given
   if config.sync.method != 'compressed_allreduce':
@@ -75,6 +91,8 @@ def ratios(config, compressor_ratio: float | None) -> tuple[float, ...]:
         f'config.sync.compressed_allreduce.ratios empty, got {given}'
       )
     return out
+  if kind == 'adopt':
+    return _adopt_ratios(config, given)
   if compressor_ratio is None and not given:
     raise ValueError(
       "config.adaptive='scadles' needs a ratio: the compressor's, or "
@@ -86,6 +104,28 @@ def ratios(config, compressor_ratio: float | None) -> tuple[float, ...]:
       f'config.sync.compressed_allreduce.ratios, got {given}'
     )
   return given or (float(compressor_ratio),)
+
+
+def _adopt_ratios(config, given: tuple[float, ...]) -> tuple[float, ...]:
+  """ADOPT's candidates (the module's `ADOPT_CANDIDATES` unless given), checked."""
+  if config.compress.name != 'topk':
+    raise ValueError(
+      f"config.adaptive='adopt' prices and measures Top-k: set config.compress.name='topk', "
+      f'got {config.compress.name!r}'
+    )
+  if config.sync.compressed_allreduce.collective != 'auto':
+    raise ValueError(
+      "config.adaptive='adopt' chooses the collective too: set "
+      "config.sync.compressed_allreduce.collective='auto', got "
+      f'{config.sync.compressed_allreduce.collective!r}'
+    )
+  out = given or control.ADOPT_CANDIDATES
+  if len(out) < 4 or np.any(np.diff(out) >= 0) or not 0 < out[-1] <= out[0] < 1:
+    raise ValueError(
+      "config.adaptive='adopt' needs at least four candidate ratios in (0, 1), strictly "
+      f'decreasing, in config.sync.compressed_allreduce.ratios; got {out}'
+    )
+  return tuple(out)
 
 
 class RatioControl:
@@ -104,12 +144,26 @@ class RatioControl:
     self.used: collections.OrderedDict[int, int] = collections.OrderedDict()
     self.compressed = self.steps = 0
 
+  def args(self) -> dict[str, np.ndarray]:
+    """The chain's extra arguments for the next step: the candidate, one per worker."""
+    return {'candidate': np.full(self.k, self.index, np.int32)}
+
   def tx_args(self, t: int) -> dict[str, np.ndarray]:
-    """Step t's extra arguments for the chain: the candidate, one per worker."""
+    """Step t's extra arguments (`args`), remembered for its record."""
     self.used[t + 1] = self.index  # records are numbered from 1
     while len(self.used) > 8:
       self.used.popitem(last=False)
-    return {'candidate': np.full(self.k, self.index, np.int32)}
+    return self.args()
+
+  def action(self) -> str | None:
+    """What the trainer does to the train state before the next step: None, 'snapshot'
+    (keep a copy) or 'restore' (go back to the copy; drop it unless `exploring`)."""
+    return None
+
+  @property
+  def exploring(self) -> bool:
+    """Whether the next steps will be undone (the trainer keeps its copy of the state)."""
+    return False
 
   def observe(self, record: dict[str, Any], fetched: dict[str, Any]) -> dict[str, Any]:
     """Takes one step's record and fetched metrics; returns fields for the record."""
@@ -216,7 +270,75 @@ class ScaDLESControl(RatioControl):
       self.sums = None if saved['sums'] is None else np.asarray(saved['sums'])
 
 
-def build(config, num_workers: int, networks) -> RatioControl | None:
+class AdoptControl(RatioControl):
+  """ADOPT: explore every candidate, fit, and choose by NSGA-II + ASF (module docstring)."""
+
+  COLLECTIVES = ('allgather', 'allreduce')  # `via`'s indices for Top-k
+
+  def __init__(self, config, ratios, num_workers: int, network, num_params: int):
+    a = config.adopt
+    try:
+      self.ctl = control.adopt(
+        ratios, num_params=num_params, num_workers=num_workers, warmup_steps=a.warmup_steps,
+        explore_steps=a.explore_steps, gain_threshold=a.gain_threshold, window=a.window,
+        smoothing=a.smoothing, weights=config_lib.numbers(a.weights, 'adopt.weights'),
+        seed=a.seed, algorithms=(config.network.algorithm,),
+        leader=config.sync.compressed_allreduce.leader,
+      )  # fmt: skip
+    except ValueError as e:
+      raise ValueError(f'config.adopt: {e}') from e
+    self.network = network
+    self.state = self.ctl.init(netmodel.network_at(network, 0))
+    self.via_used: collections.OrderedDict[int, int] = collections.OrderedDict()
+    super().__init__(ratios, num_workers, self.state.index)
+
+  @property
+  def via(self) -> int:
+    return self.COLLECTIVES.index(self.state.collective)
+
+  def args(self) -> dict[str, np.ndarray]:
+    return {**super().args(), 'via': np.full(self.k, self.via, np.int32)}
+
+  def tx_args(self, t: int) -> dict[str, np.ndarray]:
+    self.via_used[t + 1] = self.via
+    while len(self.via_used) > 8:
+      self.via_used.popitem(last=False)
+    return super().tx_args(t)
+
+  def action(self) -> str | None:
+    return 'snapshot' if self.state.snapshot else 'restore' if self.state.restore else None
+
+  @property
+  def exploring(self) -> bool:
+    return self.state.phase == 'explore'
+
+  def observe(self, record, fetched) -> dict[str, Any]:
+    phase = self.state.phase  # the phase the step ran in
+    via = self.via_used.get(record['step'], self.via)
+    out = super().observe(record, fetched)
+    return {**out, 'collective': self.COLLECTIVES[via], 'phase': phase}
+
+  def decide(self, record, norms, gains, used) -> None:
+    del norms
+    gain = float(np.sqrt(gains[:, used].astype(np.float64)).mean())  # ‖C(w)‖ / ‖w‖
+    ran_on = netmodel.network_at(self.network, record['step'] - 1)  # the step that ran
+    self.state = self.ctl.update(self.state, gain=gain, network=ran_on)
+    self.index = self.state.index
+
+  def summary(self) -> dict[str, Any]:
+    s = self.state
+    return {**super().summary(), 'explorations': s.explorations, 'solves': s.solves}
+
+  def to_json(self) -> dict[str, Any]:
+    return {**super().to_json(), 'adopt': checkpoint.state_to_json(self.state)}
+
+  def restore(self, saved: dict[str, Any]) -> None:
+    if saved:
+      super().restore(saved)
+      self.state = checkpoint.state_from_json(self.state, saved['adopt'])
+
+
+def build(config, num_workers: int, networks, num_params: int = 0) -> RatioControl | None:
   """The controller `config.adaptive` names (None for 'none')."""
   kind = config.adaptive
   if kind == 'none':
@@ -232,4 +354,11 @@ def build(config, num_workers: int, networks) -> RatioControl | None:
         'config.network.profiles (e.g. 1gbps)'
       )
     return GraVACControl(config, candidates, num_workers, next(iter(networks)))
+  if kind == 'adopt':
+    if not networks:
+      raise ValueError(
+        "config.adaptive='adopt' prices each ratio on the network in force: give "
+        'config.network.profiles (e.g. adopt_c1@50, its varying network)'
+      )
+    return AdoptControl(config, candidates, num_workers, next(iter(networks.values())), num_params)
   return ScaDLESControl(config, candidates, num_workers)

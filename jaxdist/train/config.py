@@ -363,15 +363,22 @@ def base() -> ml_collections.ConfigDict:
   # inject_beta of its batch with every other worker each step (bytes counted).
   config.partition = dict(kind='iid', labels_per_worker=1, inject_alpha=0.0, inject_beta=0.0)
 
-  # Adaptive compression (jaxdist.train.adaptive): 'gravac' (Tyagi & Swany, CLOUD 2023) or
-  # 'scadles' (ScaDLES's compress-or-not rule) choose compressed_allreduce's candidate ratio
-  # (or dense) each step from the workers' measured compression gains.
+  # Adaptive compression (jaxdist.train.adaptive): 'gravac' (Tyagi & Swany, CLOUD 2023),
+  # 'scadles' (ScaDLES's compress-or-not rule) or 'adopt' (ADOPT) choose compressed_allreduce's
+  # candidate ratio (or dense; ADOPT also the collective) each step from the workers'
+  # measured compression gains.
   config.adaptive = 'none'
   config.gravac = dict(
     epsilon=0.7, omega=0.01, window=500, policy='exponential', theta_min=10.0, theta_max=1000.0,
     decay=0.9,
   )  # fmt: skip
   config.scadles_compression = dict(delta=0.3, decay=0.9)
+  # 'adopt' (Tyagi & Swany, BigData 2023): ratios from sync.compressed_allreduce.ratios
+  # (default jd.control.ADOPT_CANDIDATES), collective='auto', on the first network profile
+  config.adopt = dict(
+    warmup_steps=20, explore_steps=10, gain_threshold=0.1, window=5, smoothing=0.01,
+    weights='0.6,0.4', seed=1,
+  )  # fmt: skip
 
   # Scavenger's gradient-noise indicator γ = mean_k ‖g_k‖² / ‖ḡ‖², measured every
   # noise_every steps (0: never) beside training, off the clock, EWMA with noise_decay.

@@ -491,13 +491,22 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     )
     sampler = build_sampler(config, ds)
     model = models.get(config.model.name, num_classes=ds.num_classes)
-    ratio_control = adaptive.build(config, workers.count, networks)
+    ratio_control = adaptive.build(config, workers.count, networks, _num_params(model, ds))
   except ValueError as e:
     raise ConfigError(str(e)) from e
   return Experiment(
     config, workdir, ds, model, tx, schedule, workers, networks, cluster, batching, sampler,
     ratio_control,
   )  # fmt: skip
+
+
+def _num_params(model, ds: data.Dataset) -> int:
+  """Elements of one replica's parameters (without evaluating them)."""
+  from jaxdist.train import step as step_lib
+
+  params = jax.eval_shape(lambda k: step_lib.init_params(model, k, ds.image_shape)[0],
+                          jax.random.key(0))  # fmt: skip
+  return sum(x.size for x in jax.tree.leaves(params))
 
 
 def build_sampler(config, ds: data.Dataset) -> data.Sampler:

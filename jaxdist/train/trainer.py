@@ -106,7 +106,7 @@ def measure_worker_step(exp: factory.Experiment, repeats: int = 20) -> float:
   counts = (jax.device_put(np.full(1, exp.per_worker, np.int32), one.sharding),) if counted else ()
   tx_args = {}
   if exp.ratio_control is not None:  # the candidate the run starts with
-    tx_args = {'candidate': jax.device_put(np.full(1, exp.ratio_control.index), one.sharding)}
+    tx_args = {k: jax.device_put(v[:1], one.sharding) for k, v in exp.ratio_control.args().items()}
   box = [init(jax.random.key(exp.config.seed))]
 
   def run():
@@ -261,6 +261,7 @@ class HostSide:
     self.exp, self.clock = exp, clock
     self.batches, self.noise = Batches(exp, compute_s, prices.sync_s), Noise(exp)
     self.example_bytes = exp.dataset.train.images[0].nbytes
+    self.saved = None  # a copy of the train state an exploration started from
 
   def batch(self, t: int, state) -> tuple[tuple[jax.Array, ...], dict[str, Any], dict[str, float]]:
     """Step t's device arrays, the chain's extra arguments, and fields measured before it."""
@@ -274,6 +275,31 @@ class HostSide:
       put = lambda a: jax.make_array_from_process_local_data(w.sharding, a[w.local_workers()])
       tx_args = {k: put(v) for k, v in self.exp.ratio_control.tx_args(t).items()}
     return arrays, tx_args, fields
+
+  def prepare(self, state):
+    """The train state the next step starts from: a controller (ADOPT) may save a copy
+    of it before an exploration and go back to the copy afterwards."""
+    action = self.exp.ratio_control.action() if self.exp.ratio_control else None
+    if action == 'snapshot':
+      self.saved = _copy(state)
+    elif action == 'restore':
+      if self.saved is None:
+        raise RuntimeError('the controller asked to restore a train state it never saved')
+      state = _copy(self.saved)
+      if not self.exp.ratio_control.exploring:
+        self.saved = None
+    return state
+
+  @property
+  def exploring(self) -> bool:
+    """Whether the current steps will be undone (evaluations and checkpoints wait)."""
+    return self.saved is not None
+
+  def finish(self, state):
+    """The run's last state: an exploration still running is undone."""
+    if self.saved is not None:
+      state, self.saved = self.saved, None
+    return state
 
   @property
   def synchronous(self) -> bool:
@@ -302,6 +328,16 @@ class HostSide:
     self.noise.restore(meta.get('noise', {}))
     if self.exp.ratio_control is not None:
       self.exp.ratio_control.restore(meta.get('adaptive', {}))
+
+
+@jax.jit
+def _copy(state):
+  """New buffers holding `state` (the train step donates its input's)."""
+  return jax.tree.map(lambda x: x + jax.numpy.zeros((), x.dtype) if _numeric(x) else x, state)
+
+
+def _numeric(x) -> bool:
+  return not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
 class Clock:
@@ -454,9 +490,11 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   writer = metrics.MetricsWriter(exp.workdir, start, enabled=lead)
   log = StepLog(writer, prices, exp.schedule, on_write=bar.show, read=host.read)
   hooks = [kill_at_step(cfg.fault.kill_at_step)]
+  evaluate_due = save_due = False  # held back while an exploration runs
   for t in range(start, cfg.steps):
     if host.synchronous:  # a controller decides this step from the last one's metrics
       log.flush()
+    state = host.prepare(state)
     batch, tx_args, fields = host.batch(t, state)
     state, m = train_step(state, *batch, **tx_args)
     log.push(t + 1, m)
@@ -465,10 +503,16 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     clock.step(m)
     done = t + 1
     with clock.paused():
-      if done % cfg.eval_every == 0 or done == cfg.steps:
+      if done == cfg.steps:
+        state = host.finish(state)
+      evaluate_due = evaluate_due or done % cfg.eval_every == 0 or done == cfg.steps
+      save_due = save_due or done % cfg.checkpoint_every == 0 or done == cfg.steps
+      if evaluate_due and not host.exploring:
+        evaluate_due = False
         last_eval = evaluate(eval_step, state, chunks)
         log.add(last_eval)
-      if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+      if save_due and not host.exploring:
+        save_due = False
         log.flush()
         log.writer.flush()  # the log reaches the checkpoint's step before the checkpoint commits
         saved = {'step': done, 'seed': cfg.seed, 'compute_s': compute_s, **host.to_json()}
