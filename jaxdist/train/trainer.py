@@ -86,8 +86,11 @@ def evaluate(eval_step, state, chunks) -> dict[str, float]:
   }
 
 
-def measure_worker_step(exp: factory.Experiment, repeats: int = 20) -> float:
+def measure_worker_step(exp: factory.Experiment, repeats: int = 20, budget_s: float = 2.0) -> float:
   """Median seconds of one worker's step on its own: compute, compression, optimizer.
+
+  The median of `repeats` timed steps, or of as many (at least three) as fit
+  in `budget_s` seconds.
 
   The same optax chain runs on a 1-worker layout (one local device) with the
   per-worker batch; its collectives span one worker and cost nothing, so
@@ -113,7 +116,7 @@ def measure_worker_step(exp: factory.Experiment, repeats: int = 20) -> float:
     box[0], metrics = train_step(box[0], x, y, *counts, **tx_args)
     return metrics
 
-  return timing.median_seconds(run, repeats)
+  return timing.median_seconds(run, repeats, budget_s=budget_s)
 
 
 def worker_step_s(exp: factory.Experiment, meta: dict[str, Any]) -> float:
