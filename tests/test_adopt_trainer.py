@@ -161,3 +161,12 @@ def test_adopt_bad_input_names_the_key(tmp_path, data_dir, monkeypatch, override
   with pytest.raises(factory.ConfigError, match=message):
     factory.build(config, str(tmp_path / 'never'))
   assert not os.path.exists(tmp_path / 'never')
+
+
+def test_the_fixed_ratio_variants_are_adopt_s_candidates():
+  from jaxdist import control
+
+  assert config_lib.ADOPT_RATIOS == control.ADOPT_CANDIDATES
+  names = [f'fixed{round(1 / r)}x' for r in control.ADOPT_CANDIDATES]
+  variants = config_lib.variants()
+  assert [variants[n].compress.topk.ratio for n in names] == list(control.ADOPT_CANDIDATES)

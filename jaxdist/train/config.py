@@ -200,6 +200,9 @@ def network() -> ml_collections.ConfigDict:
   return n
 
 
+ADOPT_RATIOS = (0.1, 0.0333, 0.0111, 0.0037, 0.0012)  # jd.control.ADOPT_CANDIDATES
+
+
 def compressed(name: str, collective: str = 'allgather', **args: Any) -> dict[str, Any]:
   """A variant's overrides: `compressed_allreduce` with compressor `name`(**args)."""
   return {
@@ -285,6 +288,14 @@ def variants() -> ml_collections.ConfigDict:
       'topk1000x': compressed('topk', ratio=0.001),
       'gravac': {**compressed('topk', ratio=0.1), 'adaptive': 'gravac', 'gravac': {'window': 50}},
       'scadles_rule': {**compressed('topk', ratio=0.1), 'adaptive': 'scadles'},
+      # ADOPT against each of its candidates held fixed (run with network.profiles=adopt_c1@25)
+      'adopt': {**compressed('topk', 'auto', ratio=0.1), 'adaptive': 'adopt'},
+      'adopt_lazy': {
+        **compressed('topk', 'auto', ratio=0.1),
+        'adaptive': 'adopt',
+        'adopt': {'gain_threshold': 0.5},
+      },
+      **{f'fixed{round(1 / r)}x': compressed('topk', 'auto', ratio=r) for r in ADOPT_RATIOS},
       # streaming data (ScaDLES): the fixed-batch baseline with persistent buffers against
       # stream-proportional batches with truncated ones, at two of the paper's rate sets
       'ddl_s1': streamed('S1', 'uniform', 'persistence'),
