@@ -22,3 +22,9 @@ def test_import_jaxdist_loads_no_training_stack():
 def test_training_stack_loads_on_first_use():
   modules = loaded_after('import jaxdist as jd; jd.train')
   assert {'orbax', 'tensorflow_datasets', 'matplotlib'} <= modules
+
+
+def test_the_planners_solvers_load_only_when_used():
+  # binaries (train, compare, benchmarks) run where kneed and pymoo are not installed
+  modules = loaded_after('import jaxdist.train.factory, jaxdist.train.trainer, jaxdist.control')
+  assert not modules & {'kneed', 'pymoo'}, sorted(modules & {'kneed', 'pymoo'})

@@ -83,7 +83,6 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
-import kneed
 import numpy as np
 
 SECONDS_PER_HOUR = 3600.0
@@ -619,6 +618,8 @@ def knee(front: Sequence[Prediction]) -> Prediction:
   costs = np.array([p.cost for p in front], float)
   if np.any(np.diff(times) <= 0) or np.any(np.diff(costs) >= 0):
     raise ValueError('front must be a Pareto front: time increasing and cost decreasing')
+  import kneed  # here: only the knee needs it
+
   locator = kneed.KneeLocator(times, costs, curve='convex', direction='decreasing')
   if locator.knee is not None:
     return front[int(np.flatnonzero(times == locator.knee)[0])]
