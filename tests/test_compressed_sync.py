@@ -592,6 +592,23 @@ def test_a_pinned_ratio_and_collective_reproduce_the_fixed_run_exactly():
     assert all(h == pinned.history[0] for h in pinned.history)
 
 
+def test_sent_gains_skip_the_other_candidates_and_change_nothing_else():
+  every, sent = make_run(candidates()), make_run(candidates(gains='sent'))
+  for t, i in enumerate([0, 2, 3]):  # 3: dense
+    every(worker_grads(seed=t), candidate=i)
+    sent(worker_grads(seed=t), candidate=i)
+    norms = np.asarray(sent.state.norms)
+    want = np.zeros((W, len(RATIOS)))
+    if i < len(RATIOS):  # ‖C(w)‖² / ‖w‖² of what was sent, by hand from the norms
+      want[:, i] = norms[:, 1] / norms[:, 0]
+      np.testing.assert_allclose(want[:, i], np.asarray(every.state.gains)[:, i], rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(sent.state.gains), want, rtol=1e-6, atol=0)
+  for a, b in zip(jax.tree.leaves(every.params), jax.tree.leaves(sent.params), strict=True):
+    np.testing.assert_array_equal(a, b)
+  with pytest.raises(ValueError, match="gains must be 'all' or 'sent'"):
+    candidates(gains='some')
+
+
 def test_ratio_and_collective_pairs_are_branches_and_never_recompile():
   run = make_run(candidates(collective='auto'))
   text = run.hlo(worker_grads(), candidate=0, via=1)

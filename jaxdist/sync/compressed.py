@@ -69,8 +69,9 @@ class CompressedState(NamedTuple):
       ‖Top-k_r(w_n)‖² / ‖w_n‖² on this step's w_n, whichever was sent (one
       top-k at the largest ratio; the smaller ratios' are its prefix sums,
       GraVAC's multi-level compression). Exact Top-k's gain for any
-      sparsifier. Without `ratios`, [1]: the gain of what was sent.
-      Per-worker.
+      sparsifier. With `gains='sent'`, only the candidate that was sent
+      has its gain (‖C(w_n)‖² / ‖w_n‖², no extra top-k), the others 0.
+      Without `ratios`, [1]: the gain of what was sent. Per-worker.
   """
 
   count: jax.Array
@@ -140,6 +141,7 @@ def compressed_allreduce(
   warmup_steps: int = 0,
   warmup_stages: int = 4,
   ratios: Sequence[float] = (),
+  gains: str = 'all',
   network: str | netmodel.Network = '10gbps',
   algorithm: str = 'ring',
   seed: int = 0,
@@ -194,6 +196,10 @@ def compressed_allreduce(
       'allreduce', 'allgather' for summable payloads) for controllers that
       choose the collective per step too (ADOPT); without it each ratio
       takes the one the α-β model prices lower.
+    gains: with `ratios`, 'all' (every candidate's exact Top-k gain each
+      step: GraVAC compares two, ScaDLES's rule needs it while sending
+      dense) or 'sent' (only the sent candidate's, from the norms: ADOPT,
+      which measures the candidate it runs, skips the extra top-k).
     network: profile (or `netmodel.Network`) that 'auto' prices against.
     algorithm: all-reduce algorithm that 'auto' assumes ('ring', 'tree', 'ps').
     seed: seed of the transform's PRNG key.
@@ -228,6 +234,8 @@ def compressed_allreduce(
     no link was verified for it).
   """
   _check(compressor, collective, leader, min_size, momentum_correction, error_feedback)
+  if gains not in ('all', 'sent'):
+    raise ValueError(f"gains must be 'all' or 'sent', got {gains!r}")
   if algorithm not in netmodel.ALGORITHMS:
     raise ValueError(f'algorithm must be one of {netmodel.ALGORITHMS}, got {algorithm!r}')
   net = netmodel.profile(network) if isinstance(network, str) else network
@@ -334,7 +342,11 @@ def compressed_allreduce(
       cstate,
       tuple(transfers),
       norms.astype(jnp.float32),
-      _gains(wanted, stages, norms[0]) if ratios else _sent_gain(norms),
+      _gains(wanted, stages, norms[0])
+      if ratios and gains == 'all'
+      else _sent_gain(norms) * (jnp.arange(len(ratios)) == candidate)
+      if ratios
+      else _sent_gain(norms),
     )
     return jax.tree.unflatten(treedef, out), new_state
 

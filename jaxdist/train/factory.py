@@ -161,6 +161,8 @@ def sync_transform(config, workers: runtime.Workers, opt) -> optax.GradientTrans
   if method == 'compressed_allreduce':
     supplied['compressor'] = build_compressor(config.compress)
     section['ratios'] = adaptive.ratios(config, getattr(supplied['compressor'], 'ratio', None))
+    if config.adaptive == 'adopt':  # it measures the candidate it runs: no extra top-k
+      section['gains'] = 'sent'
   elif method == 'bucketed_allreduce':
     section['buckets'] = _bucket_plan(section['buckets'], where)
   elif method == 'gossip':
