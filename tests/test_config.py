@@ -12,8 +12,9 @@ from jaxdist.train import factory
 
 from conftest import REPO
 
-# Arguments the trainer supplies itself, per factory (not config keys).
-SUPPLIED = {'axis_name', 'num_workers', 'compressor'}
+# Arguments the trainer supplies itself, per factory (not config keys); hitopk_allreduce's
+# axes and local size are the worker layout's (devices = nodes, simulated workers = local).
+SUPPLIED = {'axis_name', 'num_workers', 'compressor', 'node_axis', 'local_axis', 'local_size'}
 FIRST_ARG_OPTIMIZER = {'optimizer', 'global_optimizer'}
 
 

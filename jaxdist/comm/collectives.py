@@ -7,7 +7,8 @@ kinds.
 
 Every collective a transform issues is described by a `Transfer`: the HLO
 collective it lowers to, the bytes each worker contributes (its operand, the
-"payload"), and how many times it ran this step. Kind and size are static
+"payload"), how many times it ran this step, and, on a cluster of nodes, which
+workers and link it spans (all workers, a node's, or a rail's). Kind and size are static
 (pytree metadata, exact Python ints); only the count is traced, so a collective
 inside a skipped `lax.cond` branch counts zero. What a transfer costs on a
 network (bytes each worker sends, seconds) is `jaxdist.netmodel`'s business.
@@ -32,6 +33,12 @@ ALL_GATHER = 'all-gather'
 ALL_TO_ALL = 'all-to-all'
 PERMUTE = 'collective-permute'
 KINDS = (ALL_REDUCE, ALL_GATHER, ALL_TO_ALL, PERMUTE)
+# Which workers and link a collective spans (`Transfer.link`): None, all workers over the
+# run's network; 'intra', the workers of one node over the intra-node link; 'inter', the
+# workers of one rail (one per node, same local rank) over the inter-node link.
+INTRA = 'intra'
+INTER = 'inter'
+LINKS = (None, INTRA, INTER)
 
 
 @jax.tree_util.register_dataclass
@@ -51,6 +58,11 @@ class Transfer:
     overlap: the method does not wait for it: it runs behind the next step's
       compute (delay-tolerant methods), so the network model charges only
       what the compute does not hide. Static.
+    link: which workers and link it spans, on a cluster of nodes: None, all
+      workers over the run's network; 'intra', the m workers of one node over
+      the intra-node link; 'inter', the n workers of one rail (the same local
+      rank on every node) over the inter-node link, the m rails sharing the
+      node's NIC (`jaxdist.netmodel.rail_network`). Static.
   """
 
   kind: str = dataclasses.field(metadata=dict(static=True))
@@ -58,15 +70,23 @@ class Transfer:
   count: jax.Array
   op: str | None = dataclasses.field(default=None, metadata=dict(static=True))
   overlap: bool = dataclasses.field(default=False, metadata=dict(static=True))
+  link: str | None = dataclasses.field(default=None, metadata=dict(static=True))
 
 
 def transfer(
-  kind: str, nbytes: int, ran: jax.typing.ArrayLike = 1, op: str | None = None
+  kind: str,
+  nbytes: int,
+  ran: jax.typing.ArrayLike = 1,
+  op: str | None = None,
+  link: str | None = None,
 ) -> Transfer:
-  """A `Transfer` of `kind` with `nbytes` payload that ran `ran` times."""
+  """A `Transfer` of `kind` with `nbytes` payload that ran `ran` times, over `link`."""
   if kind not in KINDS:
     raise ValueError(f'kind must be one of {KINDS}, got {kind!r}')
-  return Transfer(kind=kind, nbytes=int(nbytes), count=jnp.asarray(ran, jnp.int32), op=op)
+  if link not in LINKS:
+    raise ValueError(f'link must be one of {LINKS}, got {link!r}')
+  count = jnp.asarray(ran, jnp.int32)
+  return Transfer(kind=kind, nbytes=int(nbytes), count=count, op=op, link=link)
 
 
 def overlapped(tree: Any) -> Any:

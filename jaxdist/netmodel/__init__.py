@@ -18,7 +18,13 @@ from jaxdist.netmodel.buckets import (
 )
 from jaxdist.netmodel.calibrate import calibrate
 from jaxdist.netmodel.cluster import H_LEVELS, WAITS, Cluster, Timeline, WorkerClock, simulate
-from jaxdist.netmodel.hierarchical import flat_time, hierarchical_time, rail_network
+from jaxdist.netmodel.hierarchical import (
+  Hierarchy,
+  flat_time,
+  hierarchical_time,
+  link_time,
+  rail_network,
+)
 from jaxdist.netmodel.model import (
   ALGORITHMS,
   PROFILES,
@@ -49,6 +55,7 @@ __all__ = [
   'WAITS',
   'Buckets',
   'Cluster',
+  'Hierarchy',
   'Network',
   'Schedule',
   'Timeline',
@@ -68,6 +75,7 @@ __all__ = [
   'gossip',
   'hierarchical_time',
   'layer_flops',
+  'link_time',
   'mgwfbp_buckets',
   'network_at',
   'per_layer_buckets',

@@ -14,6 +14,11 @@ The existing pricing (`model.py`) is unchanged and used for each level:
   paced by its slowest hop, the inter-node link: its formula with N = n·m on
   the inter network. In a single ring only one worker per node sends across
   the NIC at a time, so the NIC is not shared.
+
+A transform says which of these a collective is with `comm.Transfer.link`
+(None: flat, 'intra', 'inter'); `Hierarchy` and `link_time` price a list of
+such transfers (the trainer's ledger), `hierarchical_time` and `flat_time`
+lists of one kind each.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from jaxdist import comm
-from jaxdist.netmodel.model import Network, comm_time
+from jaxdist.netmodel.model import Network, comm_time, transfer_time
 
 
 def rail_network(inter: Network, local: int, shared_nic: bool = True) -> Network:
@@ -32,6 +37,95 @@ def rail_network(inter: Network, local: int, shared_nic: bool = True) -> Network
   if not shared_nic or local == 1:
     return inter
   return dataclasses.replace(inter, bandwidth=inter.bandwidth / local, name=f'{inter}/{local}')
+
+
+@dataclasses.dataclass(frozen=True)
+class Hierarchy:
+  """Where a run's workers sit: `nodes` nodes of `local` workers, `intra` links inside a node.
+
+  The run's network (what the ledger prices against) is the inter-node one.
+
+  Attributes:
+    nodes: n, the number of nodes.
+    local: m, workers per node.
+    intra: the links inside a node (NVLink, PCIe).
+    shared_nic: the m rails of a node share its NIC (each gets 1/m of the
+      inter-node bandwidth); False: a NIC per worker.
+  """
+
+  nodes: int
+  local: int
+  intra: Network
+  shared_nic: bool = True
+
+  def __post_init__(self):
+    for name in ('nodes', 'local'):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'{name} must be an int >= 1, got {value!r}')
+    if not isinstance(self.intra, Network):
+      raise ValueError(f'intra must be a fixed netmodel.Network, got {self.intra!r}')
+    if not isinstance(self.shared_nic, bool):
+      raise ValueError(f'shared_nic must be True or False, got {self.shared_nic!r}')
+
+  @property
+  def workers(self) -> int:
+    """n·m."""
+    return self.nodes * self.local
+
+  def group(self, t: comm.Transfer) -> int:
+    """Workers one run of `t` spans: all n·m (link None), the m of a node, the n of a rail."""
+    return {None: self.workers, 'intra': self.local, 'inter': self.nodes}[_link(t)]
+
+  def network(self, t: comm.Transfer, net: Network) -> Network:
+    """The link `t` runs over when `net` is the run's (inter-node) network."""
+    link = _link(t)
+    if link == 'intra':
+      return self.intra
+    if link == 'inter':
+      return rail_network(net, self.local, self.shared_nic)
+    return net
+
+
+def _link(t: comm.Transfer) -> str | None:
+  if t.link not in (None, 'intra', 'inter'):
+    raise ValueError(f"Transfer.link must be None, 'intra' or 'inter', got {t.link!r}")
+  return t.link
+
+
+def link_time(
+  transfers: Sequence[comm.Transfer],
+  hierarchy: Hierarchy,
+  net: Network,
+  algorithm: str = 'ring',
+  counts: Sequence[int] | None = None,
+  overlap: bool | None = None,
+) -> float:
+  """Seconds the `transfers` of one step take, each priced by its `link`.
+
+    T = Σ c·t(transfer, N, link network)
+
+  with N and the network by `Transfer.link`: None, N = n·m on `net` (as
+  `model.comm_time` prices it, bit for bit); 'intra', N = m on
+  `hierarchy.intra`; 'inter', N = n on the rail, `net` at bandwidth/m when
+  the rails share the NIC. c is each transfer's count (or `counts`);
+  `overlap` selects as in `model.comm_time`.
+
+  Example:
+    >>> from jaxdist import comm, netmodel
+    >>> h = netmodel.Hierarchy(nodes=2, local=4, intra=netmodel.Network(0.0, 100.0))
+    >>> nic = netmodel.Network(latency=0.0, bandwidth=10.0)
+    >>> rs = comm.transfer(comm.ALL_TO_ALL, 400, op='reduce-scatter', link='intra')
+    >>> ag = comm.transfer(comm.ALL_GATHER, 8, link='inter')
+    >>> netmodel.link_time([rs, ag], h, nic)  # 3/4 of 400 at 100, then 1 copy of 8 at 10/4
+    6.2
+  """
+  counts = [int(t.count) for t in transfers] if counts is None else counts
+  return sum(
+    c * transfer_time(t, hierarchy.group(t), hierarchy.network(t, net), algorithm)
+    for t, c in zip(transfers, counts, strict=True)
+    if overlap is None or t.overlap == overlap
+  )
 
 
 def hierarchical_time(

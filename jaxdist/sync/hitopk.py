@@ -38,6 +38,7 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from jaxdist import comm
+from jaxdist.comm.collectives import INTER, INTRA
 from jaxdist.compress.base import Compressor
 from jaxdist.compress.sparsify import scatter
 
@@ -95,13 +96,13 @@ def hitopk_allreduce(
   lost, only delayed. With a sparsifier that keeps everything (ratio 1) it
   is the dense mean.
 
-  Recorded transfers (`HiTopKState.intra` / `.inter`): comm has no
-  reduce-scatter kind, so the reduce-scatter is recorded as an `all-to-all`
-  with op 'reduce-scatter' (the α-β model prices a ring reduce-scatter and
-  an all-to-all alike: (m−1)α + (m−1)/m·Mβ). Price a step with
-  `jaxdist.netmodel.hierarchical_time`, which sizes each group (m local, n
-  per rail) and link (intra, inter) apart; the flat ledger prices every
-  transfer among all n·m workers on one network and overstates this one.
+  Recorded transfers (`HiTopKState.intra` / `.inter`, with `Transfer.link`
+  'intra' / 'inter'): comm has no reduce-scatter kind, so the
+  reduce-scatter is recorded as an `all-to-all` with op 'reduce-scatter'
+  (the α-β model prices a ring reduce-scatter and an all-to-all alike:
+  (m−1)α + (m−1)/m·Mβ). `jaxdist.netmodel.link_time` (the trainer's
+  ledger) and `hierarchical_time` price each by its link: N = m on the
+  intra-node network, N = n on a rail of the inter-node one.
 
   Args:
     compressor: a sparsifier of `jaxdist.compress` (mstopk, topk, dgc,
@@ -111,7 +112,10 @@ def hitopk_allreduce(
     local_axis: the axis inside a node (fast links), e.g. 'sim'.
     local_size: m, the workers on `local_axis` (fixes the shard shapes that
       the state holds, since `init` cannot see the axes); the mapped step
-      fails with a clear error if the axis differs.
+      fails with a clear error if the axis differs. A lone worker (both
+      axes of size 1, as when the trainer times one worker's compute) has
+      nothing to reduce or send: its gradient passes through, its residual
+      is kept and no transfer runs.
     error_feedback: keep each shard's unsent part and add it to the next one.
     seed: seed of the transform's PRNG key.
 
@@ -158,9 +162,9 @@ def hitopk_allreduce(
     return d, s
 
   def transfers(s: int, ran: int) -> tuple[tuple, tuple]:
-    rs = comm.transfer(comm.ALL_TO_ALL, 4 * m * s, ran, op=REDUCE_SCATTER)
-    ag = comm.transfer(comm.ALL_GATHER, 4 * s, ran)
-    return (rs, ag), (comm.transfer(comm.ALL_GATHER, c.wire_bytes(s), ran),)
+    rs = comm.transfer(comm.ALL_TO_ALL, 4 * m * s, ran, op=REDUCE_SCATTER, link=INTRA)
+    ag = comm.transfer(comm.ALL_GATHER, 4 * s, ran, link=INTRA)
+    return (rs, ag), (comm.transfer(comm.ALL_GATHER, c.wire_bytes(s), ran, link=INTER),)
 
   def init_fn(params):
     _, s = sizes(params)
@@ -177,6 +181,10 @@ def hitopk_allreduce(
   def update_fn(updates, state, params=None):
     del params
     d, s = sizes(updates)
+    if comm.axis_size((node_axis, local_axis)) == 1:  # a lone worker: nothing to reduce or send
+      intra, inter = comm.silence((state.intra, state.inter))
+      count = optax.safe_increment(state.count)
+      return updates, state._replace(count=count, intra=intra, inter=inter)
     _check_axis(local_axis, m)
     n = lax.axis_size(node_axis)
     leaves = jax.tree.leaves(updates)

@@ -41,6 +41,7 @@ def _int() -> config_dict.FieldReference:
 METHODS = {
   'allreduce': 'before',
   'compressed_allreduce': 'before',
+  'hitopk_allreduce': 'before',
   'powersgd': 'before',
   'bucketed_allreduce': 'before',
   'stale_sync': 'before',
@@ -94,6 +95,10 @@ def sync() -> ml_collections.ConfigDict:
     algorithm='ring',
     seed=0,
   )
+  # Hierarchical Top-k (HiTopKComm) with the sparsifier of config.compress: the devices are
+  # the nodes and a device's simulated workers its local workers (workers=16, devices=2:
+  # 2 nodes x 8); the ledger prices its intra-node collectives on config.network.intra.
+  s.hitopk_allreduce = dict(error_feedback=True, seed=0)
   s.powersgd = dict(rank=2, start_step=0, error_feedback=True, min_size=0, warm_start=True, seed=0)
   s.bucketed_allreduce = dict(buckets=65536, averager='')  # buckets: bytes per bucket
   s.stale_sync = dict(max_delay=2, delays='uniform', read_my_writes=False, p=0.5, seed=0)
@@ -197,6 +202,15 @@ def network() -> ml_collections.ConfigDict:
   # ('adopt_c1@50': 50 steps per phase)
   n.profiles = '1gbps,10gbps'
   n.algorithm = 'ring'  # all-reduce algorithm: ring | tree | ps
+  # Where the workers sit on nodes (the devices are the nodes, a device's simulated workers
+  # its local workers), collectives inside a node (hitopk_allreduce's, Transfer.link='intra')
+  # run over this link; the profiles above are then the inter-node network. Default: 150 GB/s
+  # at 5 us, an NVLink-class link (a V100 node's, as in Shi et al.'s cluster and
+  # experiments/bench_hitopk.py). Flat collectives span all workers on the profiles.
+  n.intra = '1200gbps@5us'
+  # the m rails of a node share its NIC (a rail's all-gather gets 1/m of the bandwidth);
+  # False: a NIC per worker
+  n.shared_nic = True
   return n
 
 
@@ -250,6 +264,8 @@ def variants() -> ml_collections.ConfigDict:
       'dense': method('allreduce'),
       'topk1_ef': compressed('topk', ratio=0.01),
       'artopk1': compressed('topk', 'allreduce', ratio=0.01),
+      # hierarchical Top-k (run with devices=nodes, e.g. workers=16 devices=2: 2 nodes x 8)
+      'hitopk': {**compressed('topk', ratio=0.01), 'sync': {'method': 'hitopk_allreduce'}},
       'powersgd2': method('powersgd', rank=2),
       'qsgd8': compressed('qsgd', levels=127),
       'topk1_noef': noef,

@@ -148,6 +148,17 @@ def _delay(value: Any) -> int | str:
   return int(value) if str(value).lstrip('-').isdigit() else str(value)
 
 
+def _sparsifier(cfg: ml_collections.ConfigDict, where: str) -> compress.Compressor:
+  """The compressor of `config.compress`, which must be a sparsifier (for `where`)."""
+  sparsifiers = sorted(n for n, c in compress.REGISTRY.items() if c.sparse and n in cfg)
+  if cfg.name in compress.REGISTRY and not compress.REGISTRY[cfg.name].sparse:
+    raise ValueError(
+      f'config.{where} sends the shards of a sparsifier: config.compress.name must be one of '
+      f'{sparsifiers}, got {cfg.name!r}'
+    )
+  return build_compressor(cfg)
+
+
 def sync_transform(config, workers: runtime.Workers, opt) -> optax.GradientTransformation:
   """The transform `config.sync.method` names, built from its section, with `opt` passed in."""
   method = config.sync.method
@@ -163,6 +174,14 @@ def sync_transform(config, workers: runtime.Workers, opt) -> optax.GradientTrans
     section['ratios'] = adaptive.ratios(config, getattr(supplied['compressor'], 'ratio', None))
     if config.adaptive == 'adopt':  # it measures the candidate it runs: no extra top-k
       section['gains'] = 'sent'
+  elif method == 'hitopk_allreduce':  # the devices are the nodes, their simulated workers local
+    del supplied['axis_name']
+    supplied.update(
+      compressor=_sparsifier(config.compress, where),
+      node_axis=runtime.DATA,
+      local_axis=runtime.SIM,
+      local_size=workers.per_device,
+    )
   elif method == 'bucketed_allreduce':
     section['buckets'] = _bucket_plan(section['buckets'], where)
   elif method == 'gossip':
@@ -485,6 +504,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
         f'network.algorithm must be one of {netmodel.ALGORITHMS}, got {config.network.algorithm!r}'
       )
     networks = {name: netmodel.resolve(name) for name in config_lib.names(config.network.profiles)}
+    _check_hierarchy(config, workers)
     cluster = build_cluster(config.cluster, config.workers)
     batching = build_batching(config, cluster)
     ds = load_dataset(config.dataset)
@@ -500,6 +520,20 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     config, workdir, ds, model, tx, schedule, workers, networks, cluster, batching, sampler,
     ratio_control,
   )  # fmt: skip
+
+
+def _check_hierarchy(config, workers: runtime.Workers) -> None:
+  """`config.network.intra` and `shared_nic`: what the ledger prices intra-node links with."""
+  try:
+    netmodel.Hierarchy(
+      nodes=workers.devices,
+      local=workers.per_device,
+      intra=netmodel.profile(str(config.network.intra)),
+      shared_nic=config.network.shared_nic,
+    )
+  except ValueError as e:
+    key = 'shared_nic' if 'shared_nic' in str(e) else 'intra'
+    raise ValueError(f'config.network.{key}: {e}') from e
 
 
 def _num_params(model, ds: data.Dataset) -> int:

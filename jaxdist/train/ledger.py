@@ -4,7 +4,10 @@ The optimizer state holds a `comm.Transfer` for every collective the chain
 may issue; the train step reports how many times each ran. The ledger turns
 those counts into bytes per worker and into the modelled time of the step
 on each network profile (α-β cost; transfers that overlap the next step's
-compute are charged only beyond it). `summarize` reduces the per-step
+compute are charged only beyond it). A transfer over one kind of link
+(`Transfer.link`, hierarchical Top-k's) is priced among the workers it
+spans on that link's network: a node's over the intra-node one, a rail's
+over the profile at its share of the NIC (`netmodel.Hierarchy`). `summarize` reduces the per-step
 records of a run to one row.
 """
 
@@ -24,10 +27,17 @@ class Ledger:
 
   Args:
     transfers: every `Transfer` of the optimizer state, in tree order.
-    num_workers: N, the workers taking part in each collective.
-    networks: profile name -> network (or schedule) to price against.
+    num_workers: N, all the workers; a collective without a `link` spans
+      them all.
+    networks: profile name -> network (or schedule) to price against: the
+      inter-node network where the workers sit on nodes.
     algorithm: the all-reduce algorithm ('ring', 'tree', 'ps').
     compute_s: one worker's step without communication (the compute term).
+    hierarchy: the nodes the workers sit on (n nodes of m workers, the
+      intra-node network, whether rails share a NIC); needed to price
+      transfers over an 'intra' or 'inter' link (N = m on the intra-node
+      network, N = n on the profile at bandwidth/m when the NIC is shared).
+      Transfers without a link are priced as without it, bit for bit.
   """
 
   def __init__(
@@ -37,21 +47,48 @@ class Ledger:
     networks: Mapping[str, netmodel.Network | netmodel.Schedule],
     algorithm: str,
     compute_s: float,
+    *,
+    hierarchy: netmodel.Hierarchy | None = None,
   ):
     self.transfers = list(transfers)
     self.n = num_workers
     self.networks = dict(networks)
     self.algorithm = algorithm
     self.compute_s = compute_s
+    if hierarchy is not None and hierarchy.workers != num_workers:
+      raise ValueError(
+        f'the hierarchy holds {hierarchy.nodes} nodes x {hierarchy.local} workers = '
+        f'{hierarchy.workers}, but the ledger prices {num_workers} workers'
+      )
+    linked = sorted({t.link for t in self.transfers if t.link is not None})
+    if linked and hierarchy is None:
+      raise ValueError(
+        f'transfers over {linked} links are priced per link class: give the ledger the '
+        'hierarchy (nodes, workers per node, intra-node network)'
+      )
+    # without linked transfers every collective spans all N workers on the profile's network
+    self.hierarchy = hierarchy if linked else None
     # a step "synchronised" if a collective carrying model data ran: more than FLAG_BYTES
     # (not, say, SelSync's 4-byte flags or VAR's leader norms); any candidate ratio counts
     self._data = [i for i, t in enumerate(self.transfers) if t.nbytes > FLAG_BYTES]
 
   @classmethod
   def of(cls, exp, transfers: Sequence[comm.Transfer], compute_s: float) -> Ledger:
-    """The ledger of a run (`factory.Experiment`): its workers, networks and algorithm."""
-    cfg = exp.config
-    return cls(transfers, exp.workers.count, exp.networks, cfg.network.algorithm, compute_s)
+    """The ledger of a run (`factory.Experiment`): its workers, networks and algorithm.
+
+    The devices are the nodes and each device's simulated workers a node's
+    workers, linked by `config.network.intra` (`config.network.shared_nic`).
+    """
+    cfg, w = exp.config, exp.workers
+    hierarchy = netmodel.Hierarchy(
+      nodes=w.devices,
+      local=w.per_device,
+      intra=netmodel.profile(cfg.network.intra),
+      shared_nic=cfg.network.shared_nic,
+    )
+    return cls(
+      transfers, w.count, exp.networks, cfg.network.algorithm, compute_s, hierarchy=hierarchy
+    )
 
   def sync_s(self, step: int) -> float:
     """Seconds of step `step`'s (0-based) communication if every collective ran once.
@@ -68,19 +105,25 @@ class Ledger:
 
   def record(self, step: int, counts: Sequence[int]) -> dict[str, Any]:
     """The ledger's fields of step `step` (1-based) whose collectives ran `counts` times in all."""
-    n = self.n
+    n, h = self.n, self.hierarchy
     per_worker = [c / n for c in counts]  # every worker takes part in every collective
     pairs = list(zip(self.transfers, counts, strict=True))
+    group = h.group if h is not None else lambda t: n  # the workers one run of t spans
     out: dict[str, Any] = {
       'payload_bytes': comm.total_bytes(self.transfers, counts) / n,
-      'sent_bytes': sum(netmodel.sent_bytes(t, n) * c for t, c in pairs) / n,
+      'sent_bytes': sum(netmodel.sent_bytes(t, group(t)) * c for t, c in pairs) / n,
       'synced': int(any(counts[i] > 0 for i in self._data)),
     }
     for name, net in self.networks.items():
       net = netmodel.network_at(net, step - 1)
-      price = lambda overlap, net=net: netmodel.comm_time(
-        self.transfers, n, net, self.algorithm, per_worker, overlap=overlap
-      )
+      if h is None:
+        price = lambda overlap, net=net: netmodel.comm_time(
+          self.transfers, n, net, self.algorithm, per_worker, overlap=overlap
+        )
+      else:
+        price = lambda overlap, net=net: netmodel.link_time(
+          self.transfers, h, net, self.algorithm, per_worker, overlap=overlap
+        )
       blocking, hidden = price(False), price(True)
       out[f'comm_s@{name}'] = blocking
       if hidden:
@@ -99,7 +142,8 @@ def modelled_clock(
 
   Without a `clock` every worker is equal: each step takes
   `netmodel.step_time(compute_s, blocking, overlapped)` with the
-  communication the ledger priced on `network`. With a per-worker `clock`
+  communication the ledger priced on `network` (and the record's
+  `step_compute_s` for `compute_s` where a ratio controller's candidate set it). With a per-worker `clock`
   (a heterogeneous cluster, `factory.Experiment.clock`), the records are
   replayed through it: each worker computes its batch (the record's
   `batches`, or the uniform one) at its own speed and the method's waiting
@@ -116,7 +160,7 @@ def modelled_clock(
   for r in records:
     blocking, hidden = r.get(f'comm_s@{network}', 0.0), r.get(f'overlap_s@{network}', 0.0)
     if clock is None:
-      total += netmodel.step_time(compute_s, blocking, hidden)
+      total += netmodel.step_time(r.get('step_compute_s', compute_s), blocking, hidden)
     else:
       uniform = compute_s / clock.per_example_s if clock.per_example_s else 0.0
       batches = r.get('batches', uniform)  # per-worker batches, when the run chose them
