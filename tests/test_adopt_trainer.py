@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxdist import netmodel
-from jaxdist.train import checkpoint, factory, metrics
+from jaxdist.train import checkpoint, factory, ledger, metrics
 from jaxdist.train import config as config_lib
 
 from conftest import REPO
@@ -57,6 +57,15 @@ def test_an_exploration_is_undone_and_evaluations_and_checkpoints_wait_for_its_e
   assert [r['step'] for r in records if 'test_accuracy' in r] == [7]
   assert saved_steps(tmp_path, 'adopt') == [7]
   assert summary['explorations'] == 1
+  # each step is charged the measured compute of the candidate it ran (kept by the checkpoint)
+  per = checkpoint.read(str(tmp_path / 'adopt' / 'checkpoints'))[1]['compute_s_candidates']
+  assert len(per) == 6 and all(v > 0 for v in per)  # five ratios and dense
+  ratios = list(jd_candidates())
+  for r in records:
+    assert r['step_compute_s'] == per[ratios.index(r['ratio'])]
+    assert r['modelled_s@1gbps'] == pytest.approx(r['step_compute_s'] + r['comm_s@1gbps'])
+  clock = ledger.modelled_clock(records, '1gbps', compute_s=1e9)  # the records' own terms
+  assert clock[-1][1] == pytest.approx(sum(r['modelled_s@1gbps'] for r in records))
   # the same config with a fixed Top-k 0.1 on all-gather, saved after step 2
   fixed = {k: v for k, v in ADOPT.items() if not k.startswith(('adopt', 'adaptive'))}
   fixed['sync.compressed_allreduce.collective'] = 'allgather'

@@ -155,6 +155,10 @@ class RatioControl:
       self.used.popitem(last=False)
     return self.args()
 
+  def candidate_of(self, step: int) -> int:
+    """The candidate step `step` (1-based, one of the last eight) ran."""
+    return self.used.get(step, self.index)
+
   def action(self) -> str | None:
     """What the trainer does to the train state before the next step: None, 'snapshot'
     (keep a copy) or 'restore' (go back to the copy; drop it unless `exploring`)."""
@@ -167,7 +171,7 @@ class RatioControl:
 
   def observe(self, record: dict[str, Any], fetched: dict[str, Any]) -> dict[str, Any]:
     """Takes one step's record and fetched metrics; returns fields for the record."""
-    used = self.used.get(record['step'], self.index)
+    used = self.candidate_of(record['step'])
     self.steps += 1
     self.compressed += used != self.dense
     gains = np.asarray(fetched['gains'])

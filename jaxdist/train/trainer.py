@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdist import comm, control, data, runtime, timing
+from jaxdist import comm, control, data, netmodel, runtime, timing
 from jaxdist.train import checkpoint, factory, ledger, metrics, report
 from jaxdist.train import step as step_lib
 
@@ -86,11 +86,14 @@ def evaluate(eval_step, state, chunks) -> dict[str, float]:
   }
 
 
-def measure_worker_step(exp: factory.Experiment, repeats: int = 20, budget_s: float = 2.0) -> float:
+def measure_worker_step(
+  exp: factory.Experiment, repeats: int = 20, budget_s: float = 2.0, candidate: int | None = None
+) -> float:
   """Median seconds of one worker's step on its own: compute, compression, optimizer.
 
   The median of `repeats` timed steps, or of as many (at least three) as fit
-  in `budget_s` seconds.
+  in `budget_s` seconds. With a ratio controller, the step runs `candidate`
+  (default: the one the run starts with).
 
   The same optax chain runs on a 1-worker layout (one local device) with the
   per-worker batch; its collectives span one worker and cost nothing, so
@@ -109,7 +112,10 @@ def measure_worker_step(exp: factory.Experiment, repeats: int = 20, budget_s: fl
   counts = (jax.device_put(np.full(1, exp.per_worker, np.int32), one.sharding),) if counted else ()
   tx_args = {}
   if exp.ratio_control is not None:  # the candidate the run starts with
-    tx_args = {k: jax.device_put(v[:1], one.sharding) for k, v in exp.ratio_control.args().items()}
+    args = exp.ratio_control.args()
+    if candidate is not None:
+      args['candidate'] = np.full_like(args['candidate'], candidate)
+    tx_args = {k: jax.device_put(v[:1], one.sharding) for k, v in args.items()}
   box = [init(jax.random.key(exp.config.seed))]
 
   def run():
@@ -117,6 +123,26 @@ def measure_worker_step(exp: factory.Experiment, repeats: int = 20, budget_s: fl
     return metrics
 
   return timing.median_seconds(run, repeats, budget_s=budget_s)
+
+
+def candidate_step_s(exp: factory.Experiment, meta: dict[str, Any]) -> list[float]:
+  """With a ratio controller, the compute term of each candidate (dense last), else [].
+
+  A worker's step costs what its compressor costs: a 10× Top-k's selection
+  is slower than a 1000×'s. The modelled clock charges each step the
+  measured step of the candidate it ran. Measured once, like `worker_step_s`.
+  """
+  ctl = exp.ratio_control
+  if ctl is None:
+    return []
+  if meta.get('compute_s_candidates'):
+    return [float(v) for v in meta['compute_s_candidates']]
+  out = [measure_worker_step(exp, budget_s=0.5, candidate=i) for i in range(ctl.dense + 1)]
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    out = [float(v) for v in multihost_utils.broadcast_one_to_all(np.asarray(out, np.float64))]
+  return out
 
 
 def worker_step_s(exp: factory.Experiment, meta: dict[str, Any]) -> float:
@@ -265,6 +291,7 @@ class HostSide:
     self.batches, self.noise = Batches(exp, compute_s, prices.sync_s), Noise(exp)
     self.example_bytes = exp.dataset.train.images[0].nbytes
     self.saved = None  # a copy of the train state an exploration started from
+    self.candidate_s: list[float] = []  # the compute term of each candidate, if any
 
   def batch(self, t: int, state) -> tuple[tuple[jax.Array, ...], dict[str, Any], dict[str, float]]:
     """Step t's device arrays, the chain's extra arguments, and fields measured before it."""
@@ -308,6 +335,13 @@ class HostSide:
   def synchronous(self) -> bool:
     """Whether each step waits for the last one's metrics (a ratio controller reads them)."""
     return self.exp.ratio_control is not None
+
+  def compute_at(self, step: int) -> float | None:
+    """The compute term of step `step` (1-based) if it depends on the candidate, else None."""
+    ctl = self.exp.ratio_control
+    if ctl is None or not self.candidate_s:
+      return None
+    return self.candidate_s[ctl.candidate_of(step)]
 
   def read(self, record: dict[str, Any], fetched: dict[str, Any]) -> dict[str, Any]:
     """Fields the controllers add to a step's record, from its fetched metrics."""
@@ -379,10 +413,12 @@ class StepLog:
   """Per-step records: device metrics fetched one step late, priced by the ledger, then written."""
 
   def __init__(
-    self, writer: metrics.MetricsWriter, prices: ledger.Ledger, schedule, on_write, read=None
-  ):
+    self, writer: metrics.MetricsWriter, prices: ledger.Ledger, schedule, on_write, read=None,
+    compute_at=None,
+  ):  # fmt: skip
     self.writer, self.prices, self.schedule, self.on_write = writer, prices, schedule, on_write
     self.read = read or (lambda record, fetched: {})
+    self.compute_at = compute_at or (lambda step: None)
     self._pending: tuple[int, Any] | None = None
     self._extra: dict[str, float] = {}
     self._last_fetch: float | None = None
@@ -414,6 +450,12 @@ class StepLog:
       'step_s': step_s,
       **self._extra,
     }
+    compute_s = self.compute_at(t)
+    if compute_s is not None:  # this step's candidate's compute term, not the run's first
+      record['step_compute_s'] = compute_s
+      for name in self.prices.networks:
+        blocking, hidden = record[f'comm_s@{name}'], record.get(f'overlap_s@{name}', 0.0)
+        record[f'modelled_s@{name}'] = netmodel.step_time(compute_s, blocking, hidden)
     record.update(self.read({'step': t, **record}, m))
     self._extra = {}
     self.writer.write(t, record)
@@ -489,9 +531,12 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   bar = report.progress(cfg.steps, start, enabled=lead and cfg.progress)
   chunks, clock, last_eval, wall0 = eval_chunks(exp), Clock(), {}, time.time()
   host = HostSide(exp, compute_s, prices, clock)
+  host.candidate_s = candidate_step_s(exp, meta)
   host.restore(meta)
   writer = metrics.MetricsWriter(exp.workdir, start, enabled=lead)
-  log = StepLog(writer, prices, exp.schedule, on_write=bar.show, read=host.read)
+  log = StepLog(
+    writer, prices, exp.schedule, on_write=bar.show, read=host.read, compute_at=host.compute_at
+  )
   hooks = [kill_at_step(cfg.fault.kill_at_step)]
   evaluate_due = save_due = False  # held back while an exploration runs
   for t in range(start, cfg.steps):
@@ -518,7 +563,8 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
         save_due = False
         log.flush()
         log.writer.flush()  # the log reaches the checkpoint's step before the checkpoint commits
-        saved = {'step': done, 'seed': cfg.seed, 'compute_s': compute_s, **host.to_json()}
+        saved = {'step': done, 'seed': cfg.seed, 'compute_s': compute_s,
+                 'compute_s_candidates': host.candidate_s, **host.to_json()}  # fmt: skip
         ckpt.save(done, state, saved)
       for hook in hooks:
         hook(done, log, ckpt)
