@@ -380,6 +380,18 @@ def test_a_mesh_that_does_not_hold_local_size_per_node_fails_at_trace_time():
     run(worker_grads(8))
 
 
+def test_a_lone_worker_passes_its_gradient_through_and_sends_nothing():
+  """One worker in all (how the trainer times a worker's compute): nothing to reduce or send."""
+  run = testing.Run(hitopk(C.topk(ratio=0.01), ('data', 'sim', 4)), params(), workers=1)
+  grads = worker_grads(1)
+  run(grads)
+  for k, g in grads.items():
+    np.testing.assert_array_equal(np.asarray(run.updates[k]), g)
+  np.testing.assert_array_equal(np.asarray(run.state.residual), np.zeros((1, -(-D // 4))))
+  assert run.history == [[0, 0, 0]] and int(run.state.count[0]) == 1
+  assert [t.link for t in comm.find_transfers(run.state)] == ['intra', 'intra', 'inter']
+
+
 def test_k_larger_than_a_shard_fails_at_init():
   tx = hitopk(C.topk(k=10), ('data', 'sim', 2))  # 5 per shard of 4
   with pytest.raises(ValueError, match=r'k=5 is larger than the tensor \(4 elements\)'):
