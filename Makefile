@@ -58,6 +58,9 @@ results: $(VENV)/.installed
 	  --config.workers=10 --config.batch_size=160 --results=experiments/results/noniid.md
 	$(RESULTS) --only=dense,topk10x,topk1000x,gravac,scadles_rule \
 	  --results=experiments/results/adaptive.md
+	$(RESULTS) --only=dense,topk1_ef,artopk1,hitopk --config.workers=16 --config.devices=2 \
+	  --config.network.profiles=10gbps,25gbps@25us --workdir=workdir/results_hitopk \
+	  --results=experiments/results/hitopk.md
 	$(PY) experiments/plan.py --workdir=workdir/plan
 	cp workdir/plan/plan.md workdir/plan/plan.png experiments/results/
 	$(PY) experiments/readme_tables.py

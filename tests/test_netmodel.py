@@ -385,3 +385,33 @@ def test_resolve_gives_profiles_specs_and_the_adopt_schedule():
   assert netmodel.network_at(netmodel.PROFILES['1gbps'], 99) == netmodel.PROFILES['1gbps']
   with pytest.raises(ValueError, match='unknown network profile'):
     netmodel.resolve('adopt_c2@5')
+
+
+# --- transfers priced by their link class (Transfer.link) --------------------------------------
+
+
+def test_link_time_prices_each_class_as_hierarchical_time_and_flat_time_do():
+  """'intra' at N = m on the intra network, 'inter' at N = n on the rail, None at N = n·m."""
+  intra = [
+    comm.transfer(comm.ALL_TO_ALL, 16_000, op='reduce-scatter', link='intra'),
+    comm.transfer(comm.ALL_GATHER, 4_000, link='intra'),
+  ]
+  inter = [comm.transfer(comm.ALL_GATHER, 80, link='inter')]
+  flat = [comm.transfer(comm.ALL_REDUCE, 1_000_000), comm.transfer(comm.ALL_GATHER, 320)]
+  nvlink = netmodel.Network(latency=1e-6, bandwidth=100e9)
+  for shared in (True, False):
+    h = netmodel.Hierarchy(nodes=16, local=4, intra=nvlink, shared_nic=shared)
+    two_level = netmodel.hierarchical_time(
+      intra, inter, nodes=16, local=4, intra_net=nvlink, inter_net=NET, shared_nic=shared
+    )
+    assert netmodel.link_time([*intra, *inter], h, NET) == two_level
+    assert netmodel.link_time(flat, h, NET) == netmodel.flat_time(
+      flat, nodes=16, local=4, inter_net=NET
+    )
+    rail = 4 * ALPHA + 15 * 80 / (BW_1G / (4 if shared else 1))  # α log 16 + 15·Mβ
+    assert close(netmodel.link_time(inter, h, NET), rail)
+    assert [h.group(t) for t in [*intra, *inter, *flat]] == [4, 4, 16, 64, 64]
+  assert netmodel.link_time(intra, h, NET, counts=[0, 2]) == 2 * netmodel.allgather(
+    4_000, 4, nvlink
+  )
+  assert netmodel.link_time(comm.overlapped(inter), h, NET, overlap=False) == 0
