@@ -143,8 +143,9 @@ def modelled_clock(
   Without a `clock` every worker is equal: each step takes
   `netmodel.step_time(compute_s, blocking, overlapped)` with the
   communication the ledger priced on `network` (and the record's
-  `step_compute_s` for `compute_s` where a ratio controller's candidate set it). With a per-worker `clock`
-  (a heterogeneous cluster, `factory.Experiment.clock`), the records are
+  `step_compute_s` for `compute_s` where a ratio controller's candidate
+  set it). With a per-worker `clock` (a heterogeneous cluster,
+  `factory.Experiment.clock`), the records are
   replayed through it: each worker computes its batch (the record's
   `batches`, or the uniform one) at its own speed and the method's waiting
   rule decides who waits for whom; a worker first waits for its data
