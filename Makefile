@@ -58,6 +58,9 @@ results: $(VENV)/.installed
 	  --config.workers=10 --config.batch_size=160 --results=experiments/results/noniid.md
 	$(RESULTS) --only=dense,topk10x,topk1000x,gravac,scadles_rule \
 	  --results=experiments/results/adaptive.md
+	$(RESULTS) --only=fixed10x,fixed30x,fixed90x,fixed270x,fixed833x,adopt,adopt_lazy \
+	  --config.network.profiles=adopt_c1@25,1gbps --results=experiments/results/adopt.md
+	$(PY) experiments/bench_multilevel.py --results=experiments/results/multilevel.md
 	$(RESULTS) --only=dense,topk1_ef,artopk1,hitopk --config.workers=16 --config.devices=2 \
 	  --config.network.profiles=10gbps,25gbps@25us --workdir=workdir/results_hitopk \
 	  --results=experiments/results/hitopk.md
