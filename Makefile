@@ -60,6 +60,9 @@ results: $(VENV)/.installed
 	  --results=experiments/results/adaptive.md
 	$(RESULTS) --only=fixed10x,fixed30x,fixed90x,fixed270x,fixed833x,adopt,adopt_lazy \
 	  --config.network.profiles=adopt_c1@25,1gbps --results=experiments/results/adopt.md
+	$(PY) experiments/plot_ratios.py --metrics=workdir/results/adopt/metrics.jsonl \
+	  --network=adopt_c1@25 --title='ADOPT (gain threshold 0.1), digits CNN, 8 workers' \
+	  --out=experiments/results/adopt_ratios.png
 	$(PY) experiments/bench_multilevel.py --results=experiments/results/multilevel.md
 	$(RESULTS) --only=dense,topk1_ef,artopk1,hitopk --config.workers=16 --config.devices=2 \
 	  --config.network.profiles=10gbps,25gbps@25us --workdir=workdir/results_hitopk \

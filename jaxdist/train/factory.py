@@ -512,7 +512,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
       0, seed=config.seed, num_examples=len(ds.train), batch_size=config.batch_size
     )
     sampler = build_sampler(config, ds)
-    model = models.get(config.model.name, num_classes=ds.num_classes)
+    model = models.get(config.model.name, num_classes=ds.num_classes, **_model_args(config.model))
     ratio_control = adaptive.build(config, workers.count, networks, _num_params(model, ds))
   except ValueError as e:
     raise ConfigError(str(e)) from e
@@ -534,6 +534,24 @@ def _check_hierarchy(config, workers: runtime.Workers) -> None:
   except ValueError as e:
     key = 'shared_nic' if 'shared_nic' in str(e) else 'intra'
     raise ValueError(f'config.network.{key}: {e}') from e
+
+
+def _model_args(cfg) -> dict[str, Any]:
+  """Keyword arguments of the model from `config.model` (the MLP's `hidden` widths)."""
+  widths = config_lib.names(str(cfg.get('hidden', '')))
+  if not widths:
+    return {}
+  if cfg.name != 'mlp':
+    raise ValueError(f"config.model.hidden sets the MLP's widths; model.name is {cfg.name!r}")
+  try:
+    hidden = tuple(int(w) for w in widths)
+  except ValueError:
+    raise ValueError(
+      f'config.model.hidden must be comma-separated ints, got {cfg.hidden!r}'
+    ) from None
+  if any(w < 1 for w in hidden):
+    raise ValueError(f'config.model.hidden must be positive widths, got {cfg.hidden!r}')
+  return {'hidden': hidden}
 
 
 def _num_params(model, ds: data.Dataset) -> int:

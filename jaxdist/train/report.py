@@ -86,6 +86,27 @@ def plot_curves(records: Sequence[Mapping[str, Any]], title: str = '') -> Figure
   return fig
 
 
+def plot_ratios(records: Sequence[Mapping[str, Any]], network: str, title: str = '') -> Figure:
+  """A ratio controller's run: the kept fraction sent per step (crosses: ADOPT's
+  exploration steps, undone) against the step's modelled communication on `network`."""
+  fig = Figure(figsize=(10, 3.5))
+  ax = fig.subplots()
+  steps = [r['step'] for r in records]
+  ax.step(steps, [r['ratio'] for r in records], where='post', color='C0', label='ratio sent')
+  explore = [r for r in records if r.get('phase') == 'explore']
+  if explore:
+    ax.plot([r['step'] for r in explore], [r['ratio'] for r in explore], 'x', color='C3',
+            label='exploring (undone)')  # fmt: skip
+  ax.set(xlabel='step', ylabel='kept fraction', yscale='log', title=title)
+  comm = ax.twinx()
+  comm.plot(steps, [1e3 * r[f'comm_s@{network}'] for r in records], color='gray', alpha=0.6)
+  comm.set_ylabel(f'modelled comm ms ({network})', color='gray')
+  ax.legend(loc='lower left', fontsize=8)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  return fig
+
+
 def plot_batches(records: Sequence[Mapping[str, Any]], title: str = '') -> Figure:
   """Each worker's batch and modelled compute time against step (per-worker batching)."""
   steps = [r['step'] for r in records if 'batches' in r]
