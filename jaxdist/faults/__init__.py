@@ -1,0 +1,17 @@
+"""Failures and recovery: CPR partial recovery (Maeng et al., MLSys 2021) on a hybrid DLRM.
+
+Import the modules you need (none loads at `import jaxdist`):
+
+- `jaxdist.faults.cpr`: the failure process, Young's and the PLS-target
+  checkpoint intervals, PLS, MFU/SSU row choice, a row-level checkpoint
+  store with full and partial restore (host-side, numpy only);
+- `jaxdist.faults.hybrid`: DLRM's hybrid layout, embedding tables
+  model-parallel (all-to-all) and MLP data-parallel (all-reduce), in one
+  `shard_map` step, and its one-device reference;
+- `jaxdist.faults.simulate`: `train_with_failures`, training through
+  injected failures on CPR's modelled clock;
+- `jaxdist.faults.report`: the table and the figure of a set of runs.
+
+The model is `jaxdist.models.dlrm`, the data `jaxdist.data.clicks`; the
+binary `experiments/cpr.py`, the notebook `notebooks/partial_recovery.py`.
+"""
