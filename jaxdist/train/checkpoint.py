@@ -21,9 +21,10 @@ class Checkpointer:
   """Saves and restores (state, metadata) under `directory`."""
 
   def __init__(self, directory: str, *, keep: int):
+    self.directory = os.path.abspath(directory)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
     self._manager = ocp.CheckpointManager(
-      os.path.abspath(directory), options=options, item_names=('state', 'meta')
+      self.directory, options=options, item_names=('state', 'meta')
     )
 
   def latest_step(self) -> int | None:
@@ -87,9 +88,13 @@ def read(directory: str, step: int | None = None) -> tuple[dict[str, Any], dict[
   state = reader.restore(
     os.path.join(path, 'state'), args=ocp.args.PyTreeRestore(restore_args=restore_args)
   )
-  with open(os.path.join(path, 'meta', 'metadata')) as f:
-    meta = json.load(f)
-  return state, meta
+  return state, read_meta(directory, step)
+
+
+def read_meta(directory: str, step: int) -> dict[str, Any]:
+  """The metadata (JSON) of checkpoint `step` in `directory`, without its state."""
+  with open(os.path.join(os.path.abspath(directory), str(step), 'meta', 'metadata')) as f:
+    return json.load(f)
 
 
 def state_to_json(state: tuple) -> dict[str, Any]:

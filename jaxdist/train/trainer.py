@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from jaxdist import comm, control, data, netmodel, runtime, timing
-from jaxdist.train import checkpoint, factory, ledger, metrics, report
+from jaxdist.train import checkpoint, elastic, factory, ledger, metrics, report
 from jaxdist.train import step as step_lib
 
 SUMMARY_FILE = 'summary.json'
@@ -482,16 +482,32 @@ def kill_at_step(step: int) -> Callable[[int, StepLog, checkpoint.Checkpointer],
 
 
 def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, Any]]:
-  """(state, step, metadata): the latest checkpoint's, or a fresh state at step 0."""
+  """(state, step, metadata): the latest checkpoint's, or a fresh state at step 0.
+
+  A checkpoint of another number of workers is read as NumPy, resharded for
+  this run's (`jaxdist.train.elastic`: per-method rules) and placed as a
+  restore places it; one of the same number is restored as it was saved.
+  """
   start = ckpt.latest_step() or 0
   if not start:
     return init(jax.random.key(exp.config.seed)), 0, {}
+  where = f'cannot resume from the checkpoint at step {start} in {exp.workdir}'
+  saved = checkpoint.read_meta(ckpt.directory, start)
+  try:
+    elastic.check_same_run(saved, exp)
+    if saved.get('workers', exp.workers.count) != exp.workers.count:
+      state, meta, done = elastic.restore(exp, ckpt.directory, start, state_shape, saved)
+      logging.info('resumed from step %d, resharded %s (%s): %s', start, done,
+                   exp.config.sync.method, elastic.describe(exp.config.sync.method))  # fmt: skip
+      return state, start, meta
+  except elastic.ReshardError as e:
+    raise ConfigError(f'{where}: {e}') from e
   shardings = jax.tree.map(lambda _: exp.workers.sharding, state_shape)
   try:
     state, meta = ckpt.restore(start, checkpoint.abstract(state_shape, shardings))
   except Exception as e:
     raise ConfigError(
-      f'cannot resume from the checkpoint at step {start} in {exp.workdir}: it does not match '
+      f'{where}: it does not match '
       f'this config ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}). '
       f'Use a fresh --workdir or the config that wrote it.'
     ) from e
@@ -564,7 +580,8 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
         log.flush()
         log.writer.flush()  # the log reaches the checkpoint's step before the checkpoint commits
         saved = {'step': done, 'seed': cfg.seed, 'compute_s': compute_s,
-                 'compute_s_candidates': host.candidate_s, **host.to_json()}  # fmt: skip
+                 'compute_s_candidates': host.candidate_s, **elastic.recorded(exp),
+                 **host.to_json()}  # fmt: skip
         ckpt.save(done, state, saved)
       for hook in hooks:
         hook(done, log, ckpt)

@@ -1,0 +1,444 @@
+"""Elastic restore: a checkpoint written by N workers, resharded for M workers.
+
+Every leaf of a `TrainState` carries a leading worker axis (`jaxdist.runtime`).
+`reshard` turns the N rows of each leaf of a checkpoint (read as NumPy with
+`checkpoint.read`, whatever devices or processes wrote it) into the M rows a
+run of M workers starts from, by one rule per leaf:
+
+- `REPLICATED`: equal on every worker (the counts, PRNG keys, DiLoCo's anchor
+  and outer optimizer state, local SGD's anchor, SMA's centre, PowerSGD's Q,
+  and, for synchronous methods, the model and the optimizer's state). The N
+  rows must be bitwise equal (checked: a difference is an error naming the
+  leaf); every new worker gets that row.
+- `MEAN`: per-worker state whose mean is what matters; every new worker gets
+  the mean of the N rows (accumulated in float64, so N equal rows give that
+  row exactly). For local models (local SGD, DiLoCo's inner models, SelSync,
+  SMA's learners, gossip) this is the model a synchronisation would produce;
+  for local optimizer states (momentum, Adam's moments, SelSync's gradient-
+  norm history) the state of an average worker; for batch-norm statistics
+  what evaluation uses already. For error-feedback memories it conserves the
+  update the model is still owed: with mean aggregation each step applies
+  (1/N) Σ_n C(g_n + e_n), and (1/N) Σ_n e_n is what has been computed but not
+  yet applied; giving each of the M workers e' = (1/N) Σ_n e_n keeps
+  (1/M) Σ_m e'_m = (1/N) Σ_n e_n. DeepSpeed's 1-bit optimizers reset the
+  memory on a resize instead; this drops that owed update. Integer leaves
+  under this rule (an optimizer's step count) must agree across workers.
+- `CYCLIC`: new worker m takes old worker m mod N's row. Tick-tock's
+  workers hold the model of their wave (worker n is in wave n mod waves): with
+  `waves` dividing N and M, worker m gets a model of its own wave, exactly.
+- `RESET`: what a step writes before it reads it: `comm.Transfer` counts
+  (how often each collective ran in the last step), random-k's last
+  positions, the compression-gain probes. Set to zeros, as `init` does.
+- `SHARDS`: hierarchical Top-k's error memory, one shard of a node's sum per
+  worker (`jaxdist.sync.hitopk`). The owed update E = (1/N) Σ_i concat_j e_ij
+  is cut into the new layout's m' shards and every node gets m'·E on its
+  shards, so (1/M) Σ_i' concat_j' e'_i'j' = E again.
+
+PRNG keys are replicated in every jaxdist state and folded with the worker
+index where workers must differ, so keeping the key gives M distinct,
+deterministic streams, worker k < min(N, M) continuing worker k's.
+
+Methods whose state holds work in flight are refused with a `ReshardError`
+that says what to do (train on N workers, or start afresh): stale-synchronous
+and asynchronous SGD (each worker's mailbox of gradients not yet applied,
+drawn delays per worker) and the delay-tolerant OD-SGD, SSD-SGD and CD-SGD
+(per-worker models one exchange behind the global one, CD-SGD's k-step
+corrections). So are the host controllers whose state is per worker (dynamic
+or stream batching, adaptive compression), and any jaxdist state this module
+has no rule for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdist import comm, sync
+from jaxdist.train import checkpoint
+from jaxdist.train.step import TrainState
+
+REPLICATED = 'replicated'
+MEAN = 'mean'
+CYCLIC = 'cyclic'
+RESET = 'reset'
+SHARDS = 'shards'
+
+# The model and the local optimizer's state: equal on every worker after each step of a
+# synchronous method (every worker applies the same averaged update), per worker otherwise.
+SYNCHRONOUS = (
+  'allreduce',
+  'compressed_allreduce',
+  'hitopk_allreduce',
+  'powersgd',
+  'bucketed_allreduce',
+  'gradient_delay',
+)
+LOCAL = ('local_sgd', 'diloco', 'selsync', 'sma', 'gossip')
+WAVES = ('tick_tock',)
+
+_IN_FLIGHT = 'its state holds gradients in flight (a per-worker mailbox of delayed gradients)'
+_DELAYED = (
+  'its workers keep local models one exchange behind the global model (a one-step delay pipeline)'
+)
+REFUSED = {
+  'stale_sync': _IN_FLIGHT,
+  'ssp': _IN_FLIGHT,
+  'async_sgd': _IN_FLIGHT,
+  'od_sgd': _DELAYED,
+  'ssd_sgd': _DELAYED,
+  'cd_sgd': _DELAYED + ' and per-worker compressed-exchange corrections',
+}
+
+# Per jaxdist state: a rule per field. None: the field's subtree follows the method's rule
+# for the model and local optimizer state (the context). Transfers are always RESET.
+FIELDS: dict[type, dict[str, str | None]] = {
+  sync.AllReduceState: {'wire': RESET},
+  sync.WeightedState: {'wire': RESET},
+  sync.CompressedState: {
+    'count': REPLICATED, 'key': REPLICATED, 'residual': MEAN, 'momentum': MEAN,
+    'compressor_state': RESET, 'wire': RESET, 'norms': RESET, 'gains': RESET,
+  },
+  sync.PowerSGDState: {
+    'count': REPLICATED, 'key': REPLICATED, 'residual': MEAN, 'qs': REPLICATED, 'wire': RESET,
+  },
+  sync.HiTopKState: {
+    'count': REPLICATED, 'key': REPLICATED, 'residual': SHARDS, 'compressor_state': RESET,
+    'intra': RESET, 'inter': RESET,
+  },
+  sync.BucketedState: {'buckets': None, 'wire': RESET},
+  sync.LocalSGDState: {
+    'count': REPLICATED, 'synced': REPLICATED, 'anchor': REPLICATED, 'averager': None,
+    'wire': RESET,
+  },
+  sync.DiLoCoState: {
+    'count': REPLICATED, 'synced': REPLICATED, 'anchor': REPLICATED, 'outer_state': REPLICATED,
+    'averager': None, 'wire': RESET,
+  },
+  sync.SelSyncState: {
+    'count': REPLICATED, 'synced': REPLICATED, 'inner': None, 'norms': MEAN, 'deltas': MEAN,
+    'smoothed': MEAN, 'anchor': REPLICATED, 'averager': None, 'wire': RESET,
+  },
+  sync.SMAState: {'center': REPLICATED, 'previous': REPLICATED, 'wire': RESET},
+  sync.GossipState: {'count': REPLICATED, 'wire': RESET},
+  sync.TickTockState: {'weights': REPLICATED, 'inner': REPLICATED, 'wire': RESET},
+  sync.GradientDelayState: {'queue': None},
+  sync.SpikeState: {'velocity': None},
+  sync.PredictionState: {'weights': None},
+}  # fmt: skip
+
+
+class ReshardError(ValueError):
+  """A checkpoint cannot be resharded onto this run's workers; the message says why."""
+
+
+def model_rule(method: str) -> str:
+  """The rule of the model and the local optimizer's state under `method`."""
+  if method in SYNCHRONOUS:
+    return REPLICATED
+  if method in LOCAL:
+    return MEAN
+  if method in WAVES:
+    return CYCLIC
+  raise ReshardError(_refusal(method))
+
+
+def _refusal(method: str) -> str:
+  why = REFUSED.get(method, 'elastic restore has no resharding rule for its state')
+  return (
+    f'sync.method={method} cannot be resharded onto another number of workers: {why}. '
+    'Resume it with the number of workers that wrote the checkpoint, or start afresh '
+    'in a new --workdir'
+  )
+
+
+def check(method: str, saved: int, workers: int, *, waves: int = 1) -> None:
+  """Raises `ReshardError` unless `method`'s state of `saved` workers can move to `workers`.
+
+  Args:
+    method: the `config.sync.method` that wrote the checkpoint (and runs now).
+    saved: N, the workers that wrote it.
+    workers: M, this run's workers.
+    waves: tick-tock's waves, which must divide M.
+  """
+  model_rule(method)
+  if workers < 1:
+    raise ReshardError(f'workers must be >= 1, got {workers}')
+  if method in WAVES and waves > 1 and workers % waves:
+    raise ReshardError(
+      f'sync.method={method} splits the workers into {waves} waves: the {saved} workers of the '
+      f'checkpoint can resume on a multiple of {waves}, not on {workers}'
+    )
+
+
+def rules(template: Any, method: str) -> Any:
+  """A tree like `template` (a `TrainState`) with each leaf's rule (a str) in its place.
+
+  `Transfer` nodes keep their static fields; their count's rule is `RESET`.
+  """
+  context = model_rule(method)
+  if not isinstance(template, TrainState):
+    raise TypeError(f'rules takes a TrainState, got {type(template).__name__}')
+  return TrainState(
+    params=_walk(template.params, context),
+    model_state=_walk(template.model_state, MEAN),
+    opt_state=_walk(template.opt_state, context),
+  )
+
+
+def _walk(node: Any, rule: str) -> Any:
+  if isinstance(node, comm.Transfer):
+    return dataclasses.replace(node, count=RESET)
+  if type(node) in FIELDS:
+    fields = FIELDS[type(node)]
+    return type(node)(
+      **{k: _walk(v, rule if fields[k] is None else fields[k]) for k, v in node._asdict().items()}
+    )
+  if _is_namedtuple(node):
+    if type(node).__module__.startswith('jaxdist.'):
+      raise ReshardError(
+        f'elastic restore has no resharding rule for {type(node).__name__} '
+        f'({type(node).__module__}): resume with the number of workers that wrote the '
+        'checkpoint, or start afresh in a new --workdir'
+      )
+    return type(node)(*(_walk(v, rule) for v in node))
+  if isinstance(node, (tuple, list)):
+    return type(node)(_walk(v, rule) for v in node)
+  if isinstance(node, Mapping):
+    return type(node)({k: _walk(v, rule) for k, v in node.items()})
+  if node is None:
+    return None
+  return rule
+
+
+def _is_namedtuple(node: Any) -> bool:
+  return isinstance(node, tuple) and hasattr(node, '_fields')
+
+
+def _key(path) -> tuple[str, ...]:
+  """A tree path as strings: NamedTuple fields, dict keys and list indices alike.
+
+  A checkpoint read with `checkpoint.read` holds dicts and lists where the
+  state had NamedTuples, dataclasses and tuples; both spell the same path.
+  """
+  out = []
+  for k in path:
+    for attr in ('name', 'key', 'idx'):
+      if hasattr(k, attr):
+        out.append(str(getattr(k, attr)))
+        break
+    else:
+      out.append(str(k))
+  return tuple(out)
+
+
+@dataclasses.dataclass
+class Report:
+  """What `reshard` did: the leaves under each rule, and the workers before and after."""
+
+  saved: int
+  workers: int
+  leaves: dict[str, list[str]]
+
+  def __str__(self) -> str:
+    parts = [f'{len(v)} {k}' for k, v in self.leaves.items() if v]
+    return f'{self.saved} -> {self.workers} workers: ' + ', '.join(parts) + ' leaves'
+
+
+def reshard(
+  saved: Any,
+  template: Any,
+  method: str,
+  *,
+  local_size: tuple[int, int] | None = None,
+) -> tuple[Any, Report]:
+  """The state of `template`'s M workers from a checkpoint's state of N workers.
+
+  Args:
+    saved: the checkpoint's state as `checkpoint.read` returns it (nested
+      dicts and lists of NumPy arrays, each with a leading axis of N).
+    template: this run's `TrainState` of shapes (`jax.eval_shape` of its
+      init), leading axis M: the structure, shapes and dtypes to produce.
+    method: `config.sync.method` (the checkpoint's and this run's).
+    local_size: (m, m') workers per node before and after, for
+      `hitopk_allreduce`'s sharded error memory.
+
+  Returns:
+    (the state as `template`'s structure of NumPy arrays, a `Report`).
+
+  Raises:
+    ReshardError: a method that cannot be resharded, a checkpoint whose
+      leaves do not match `template` (another model or method), or a
+      replicated leaf that differs between workers.
+  """
+  tree = rules(template, method)
+  found = {_key(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(saved)[0]}
+  wanted = jax.tree_util.tree_flatten_with_path(template)[0]
+  rule_leaves = jax.tree.leaves(tree)
+  if len(rule_leaves) != len(wanted):
+    raise AssertionError('rules and template differ in structure')
+  missing = [k for k in (_key(p) for p, _ in wanted) if k not in found]
+  extra = set(found) - {_key(p) for p, _ in wanted}
+  if missing or extra:
+    show = lambda keys: ', '.join('.'.join(k) for k in sorted(keys)[:3])
+    raise ReshardError(
+      'the checkpoint holds another state than this run: '
+      + (f'it lacks {show(missing)}' if missing else '')
+      + ('; ' if missing and extra else '')
+      + (f'it has {show(extra)} that this run does not' if extra else '')
+      + ' (another model or sync method)'
+    )
+  leaf_n = {v.shape[0] for v in found.values() if v.ndim}
+  if len(leaf_n) != 1:
+    raise ReshardError(f'the checkpoint leaves disagree on the number of workers: {leaf_n}')
+  n = leaf_n.pop()
+  m = wanted[0][1].shape[0]
+  report = Report(n, m, {REPLICATED: [], MEAN: [], CYCLIC: [], RESET: [], SHARDS: []})
+  out = []
+  for (path, shape), rule in zip(wanted, rule_leaves, strict=True):
+    name = '.'.join(_key(path))
+    old = found[_key(path)]
+    if old.dtype != shape.dtype:
+      raise ReshardError(
+        f"the checkpoint's {name} is {old.dtype}, this run's {shape.dtype} "
+        '(another model or sync method)'
+      )
+    if rule == SHARDS:
+      new = _shards(old, shape, template, local_size, name)
+    elif rule == RESET:  # zeros, as init writes them (hitopk's shard shapes follow the layout)
+      new = np.zeros(shape.shape, shape.dtype)
+    elif old.shape[1:] != tuple(shape.shape[1:]):
+      raise ReshardError(
+        f"the checkpoint's {name} has shape {old.shape[1:]} per worker, this run's "
+        f'{tuple(shape.shape[1:])} (another model or sync method)'
+      )
+    else:
+      new = _apply(rule, old, m, name)
+    report.leaves[rule].append(name)
+    out.append(new)
+  return jax.tree.unflatten(jax.tree.structure(template), out), report
+
+
+def _apply(rule: str, old: np.ndarray, m: int, name: str) -> np.ndarray:
+  n = old.shape[0]
+  if rule == CYCLIC:
+    return old[np.arange(m) % n]
+  exact = np.issubdtype(old.dtype, np.integer) or old.dtype == np.bool_
+  if rule == REPLICATED or exact:
+    if not all(np.array_equal(old[0], row, equal_nan=not exact) for row in old[1:]):
+      what = 'replicated' if rule == REPLICATED else 'an integer count'
+      raise ReshardError(
+        f"the checkpoint's {name} is {what} but differs between its {n} workers: "
+        'it cannot be resharded (resume with the number of workers that wrote it)'
+      )
+    return np.broadcast_to(old[:1], (m, *old.shape[1:])).copy()
+  if rule == MEAN:
+    mean = old.astype(np.float64).mean(axis=0).astype(old.dtype)
+    return np.broadcast_to(mean, (m, *old.shape[1:])).copy()
+  raise AssertionError(f'unknown rule {rule!r}')
+
+
+def _shards(old, shape, template, local_size, name: str) -> np.ndarray:
+  """Hierarchical Top-k's error memory (node-sum units, one shard per worker), resharded."""
+  if local_size is None:
+    raise ReshardError(f"{name}: resharding hitopk_allreduce needs local_size (m, m')")
+  (m_old, m_new), n_workers = local_size, old.shape[0]
+  d = sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(template.params))
+  s_old, s_new = old.shape[1], shape.shape[1]
+  if n_workers % m_old or m_old * s_old < d or shape.shape[0] % m_new or m_new * s_new < d:
+    raise ReshardError(
+      f"{name}: the checkpoint's {n_workers} x {s_old} shards do not lay out {d} parameters "
+      f"on nodes of {m_old} workers, or this run's {shape.shape[0]} x {s_new} on nodes of {m_new}"
+    )
+  owed = old.astype(np.float64).reshape(-1, m_old * s_old).sum(axis=0)[:d] / n_workers
+  padded = np.zeros(m_new * s_new)
+  padded[:d] = owed
+  nodes = shape.shape[0] // m_new
+  return np.tile(m_new * padded.reshape(m_new, s_new), (nodes, 1)).astype(old.dtype)
+
+
+def owed(residual: np.ndarray) -> np.ndarray:
+  """(1/N) Σ_n e_n of an error-feedback memory [N, ...]: the update not yet applied."""
+  return np.asarray(residual, np.float64).mean(axis=0)
+
+
+def describe(method: str) -> str:
+  """One line per method family: what `reshard` does to its state."""
+  if method in SYNCHRONOUS:
+    return 'model and optimizer state kept (equal on every worker); error memories averaged'
+  if method in LOCAL:
+    return 'local models and optimizer states averaged; anchors and outer state kept'
+  if method in WAVES:
+    return 'each worker takes a model of its wave; the shared model and optimizer kept'
+  return _refusal(method)
+
+
+# --- the trainer's side: checks on the checkpoint's metadata, and the restore ------------
+
+# What a checkpoint's metadata records of the run that wrote it (`trainer.train_and_evaluate`).
+RECORDED = ('workers', 'devices', 'method', 'model')
+# Metadata measured at the writer's per-worker batch: measured afresh after a resize.
+REMEASURED = ('compute_s', 'compute_s_candidates', 'noise')
+
+
+def recorded(exp) -> dict[str, Any]:
+  """The `RECORDED` fields of a run (`factory.Experiment`), for its checkpoints' metadata."""
+  w = exp.workers
+  return {
+    'workers': w.count,
+    'devices': w.devices,
+    'method': exp.config.sync.method,
+    'model': exp.config.model.name,
+  }
+
+
+def check_same_run(meta: Mapping[str, Any], exp) -> None:
+  """Raises `ReshardError` if the checkpoint (its metadata) is another model's or method's.
+
+  Checkpoints written before these fields were recorded pass unchecked.
+  """
+  now = recorded(exp)
+  differ = [k for k in ('method', 'model') if k in meta and meta[k] != now[k]]
+  if differ:
+    them = f'sync.method={meta.get("method", "?")}, model.name={meta.get("model", "?")}'
+    us = f'sync.method={now["method"]}, model.name={now["model"]}'
+    raise ReshardError(
+      f'it was written by {them}; this run is {us}. Resume with the config that wrote it, '
+      'or start afresh in a new --workdir'
+    )
+
+
+def restore(exp, directory: str, step: int, template: Any, meta: dict[str, Any]):
+  """(state, metadata, report): checkpoint `step` of other workers, resharded for `exp`'s.
+
+  Reads the checkpoint as NumPy (whatever devices or processes wrote it),
+  reshards it (`reshard`) and places every leaf as a restore would (the
+  worker axis sharded over the mesh's `data` axis). The metadata loses what
+  was measured at the writer's per-worker batch (`REMEASURED`). Nothing in
+  `directory` is written.
+
+  Raises:
+    ReshardError: the method, this run's workers or the checkpoint's host
+      controllers cannot be resharded.
+  """
+  cfg, workers = exp.config, exp.workers
+  method, saved = cfg.sync.method, int(meta['workers'])
+  check(method, saved, workers.count, waves=cfg.sync.tick_tock.waves if method in WAVES else 1)
+  host = [k for k in ('batching', 'adaptive') if meta.get(k)]
+  if host:
+    raise ReshardError(
+      f'its host controllers ({", ".join(host)}: config.batching, config.adaptive) keep '
+      f'state per worker for {saved} workers, which elastic restore does not reshard. Resume '
+      'with the number of workers that wrote it, or start afresh in a new --workdir'
+    )
+  state, _ = checkpoint.read(directory, step)
+  local = None
+  if method == 'hitopk_allreduce':
+    local = (saved // int(meta['devices']), workers.per_device)
+  arrays, report = reshard(state, template, method, local_size=local)
+  put = lambda a: jax.make_array_from_callback(a.shape, workers.sharding, lambda i: a[i])
+  placed = jax.tree.map(put, arrays)
+  return placed, {k: v for k, v in meta.items() if k not in REMEASURED}, report
