@@ -41,15 +41,18 @@ form of PLS (lookups discarded by restores / all lookups). With one lookup
 per table per example and T/N tables per shard it equals PLS for plain
 partial recovery; for MFU/SSU it counts what the prioritised saves kept.
 
-Simplifications (marked where they matter): checkpoint time is charged in
-proportion to the rows written (the MLP's share is neglected; DLRM's tables
-dominate); a failure is noticed at the end of the step it falls in; a node
-that fails is replaced after `restart_s` and loads its shard; failures are
-the same sequence of modelled times for every strategy.
+Simplifications: checkpoint time is charged in proportion to the rows
+written (the MLP's share is neglected; DLRM's tables dominate); checkpoints
+are host copies, not files; a failure is noticed at the end of the step it
+falls in (one during a restart, at the restart's end); a node that fails is
+replaced after `restart_s` and loads its shard, the MLP replica it held comes
+from a surviving worker (nothing of it is lost); per-row optimizer state
+(row-wise Adagrad's accumulators) is saved and restored with its row; every
+strategy sees the same sequence of failure times on its own clock.
 
 References: Maeng, Bharuka, Gao, Jeffrey, Saraph, Su, Trippel, Yang, Rabbat,
-Lucia, Wu. Understanding and Improving Failure Tolerant Training for Deep
-Learning Recommendation with Partial Recovery. MLSys 2021.
+Lucia, Wu. CPR: Understanding and Improving Failure Tolerant Training for
+Deep Learning Recommendation with Partial Recovery. MLSys 2021.
 https://arxiv.org/abs/2011.02999 — Young. A first order approximation to the
 optimum checkpoint interval. CACM 17(9), 1974.
 """
@@ -58,6 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -68,13 +72,13 @@ PRIORITIES = (None, 'mfu', 'ssu')
 
 
 def _positive(name: str, value: float) -> float:
-  if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+  if not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
     raise ValueError(f'{name} must be > 0, got {value}')
   return float(value)
 
 
 def _fraction(name: str, value: float) -> float:
-  if not (isinstance(value, (int, float)) and 0 < value < 1):
+  if not (isinstance(value, numbers.Real) and 0 < value < 1):
     raise ValueError(f'{name} must be in (0, 1), got {value}')
   return float(value)
 
@@ -116,7 +120,7 @@ def pls(lost_samples: Iterable[float], num_shards: int, total_samples: float) ->
 
   Args:
     lost_samples: per failure, the samples trained since the failed shard's
-      last checkpoint (whose updates to that shard were discarded).
+      last checkpoint or restore (whose updates to that shard were discarded).
     num_shards: N, the shards the embedding tables are split over.
     total_samples: S, the samples of the whole run.
 

@@ -213,9 +213,9 @@ def train_with_failures(
       if strategy.recovery == 'full':
         lost_s += (step - ckpt_step) * costs.step_s
         step = ckpt_step
-        state = jax.device_put(
-          hybrid.DLRMState(ckpt.values[0], mlp_ckpt, ckpt.values[1]), state_sharding
-        )
+        saved = hybrid.DLRMState(ckpt.values[0], mlp_ckpt, ckpt.values[1])
+        # copies: the step donates its state, the checkpoint must never share a buffer with it
+        state = jax.device_put(jax.tree.map(np.array, saved), state_sharding)
         counts[...] = 0
         load = costs.load_s
       else:
