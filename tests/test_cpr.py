@@ -1,7 +1,10 @@
 """CPR (Maeng et al., MLSys 2021): the hybrid DLRM layout, its formulas and its recoveries."""
 
 import math
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +17,8 @@ from jaxdist.comm import hlo
 from jaxdist.data.clicks import clicks
 from jaxdist.faults import cpr, hybrid, report, simulate
 from jaxdist.models import dlrm
+
+from conftest import REPO
 
 TABLES, ROWS, DENSE = 8, 50, 4
 MODEL = dlrm.DLRM(embed_dim=8, bottom=(16,), top=(16,))
@@ -316,3 +321,28 @@ def test_bad_layout_is_a_clear_error():
     )  # fmt: skip
   with pytest.raises(ValueError, match='failed workers must be in'):
     _run(cpr.Strategy('p', 'partial', 5), cpr.Failures(np.array([1.0]), np.array([8])), 2, COSTS)
+
+
+# --- the binary -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_binary_writes_the_table_the_figure_and_the_metrics(tmp_path):
+  results = tmp_path / 'cpr.md'
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
+  proc = subprocess.run(
+    [sys.executable, os.path.join(REPO, 'experiments', 'cpr.py'), '--workers=4', '--tables=4',
+     '--rows=50', '--steps=30', '--batch_size=32', '--test_size=256', '--mttf_s=8',
+     '--strategies=none,full,partial,partial_mfu', '--pls_sweep=0.2', f'--results={results}',
+     f'--workdir={tmp_path / "runs"}'],
+    env=env, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  assert 'test accuracy' in proc.stdout
+  text = results.read_text()
+  assert text.startswith('Command: `python ') and '| partial_mfu @ 0.05 |' in text
+  assert '| partial @ 0.2 |' in text and (tmp_path / 'cpr.png').stat().st_size > 0
+  runs = sorted(p.name for p in (tmp_path / 'runs').iterdir())
+  assert runs == ['full', 'none', 'partial_0.05', 'partial_0.2', 'partial_mfu']
+  assert all((tmp_path / 'runs' / r / 'metrics.jsonl').stat().st_size > 0 for r in runs)
