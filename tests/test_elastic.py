@@ -166,6 +166,24 @@ def test_tick_tock_workers_keep_a_model_of_their_wave():
     elastic.check('tick_tock', 4, 3, waves=2)
 
 
+def test_resharding_is_needed_for_other_workers_or_hierarchical_topk_on_other_nodes():
+  from types import SimpleNamespace
+
+  def run(method, workers, devices):
+    config = config_lib.base()
+    config.sync.method = method
+    return SimpleNamespace(config=config, workers=runtime.layout(workers, devices=devices))
+
+  meta = elastic.recorded(run('allreduce', 16, 8))
+  assert meta == {'workers': 16, 'devices': 8, 'method': 'allreduce', 'model': 'cnn'}
+  assert not elastic.needed(meta, run('allreduce', 16, 4))  # the same rows on other devices
+  assert elastic.needed(meta, run('allreduce', 8, 8))
+  assert not elastic.needed({'step': 3}, run('allreduce', 8, 8))  # not recorded: as saved
+  hitopk = elastic.recorded(run('hitopk_allreduce', 16, 8))  # 8 nodes x 2: shards of 1/2
+  assert elastic.needed(hitopk, run('hitopk_allreduce', 16, 4))  # 4 nodes x 4: shards of 1/4
+  assert not elastic.needed(hitopk, run('hitopk_allreduce', 16, 8))
+
+
 @pytest.mark.parametrize('method', sorted(config_lib.METHODS))
 def test_every_method_is_resharded_or_refused_by_name(method):
   config = config_lib.base()

@@ -366,13 +366,13 @@ def owed(residual: np.ndarray) -> np.ndarray:
 
 
 def describe(method: str) -> str:
-  """One line per method family: what `reshard` does to its state."""
+  """What `reshard` does to `method`'s state, in a line (for the log)."""
   if method in SYNCHRONOUS:
-    return 'model and optimizer state kept (equal on every worker); error memories averaged'
+    return 'the model and optimizer state kept (equal on every worker), error memories averaged'
   if method in LOCAL:
-    return 'local models and optimizer states averaged; anchors and outer state kept'
+    return 'local models and optimizer states averaged, anchors and outer state kept'
   if method in WAVES:
-    return 'each worker takes a model of its wave; the shared model and optimizer kept'
+    return 'each worker takes a model of its wave, the shared model and optimizer kept'
   return _refusal(method)
 
 
@@ -409,6 +409,21 @@ def check_same_run(meta: Mapping[str, Any], exp) -> None:
       f'it was written by {them}; this run is {us}. Resume with the config that wrote it, '
       'or start afresh in a new --workdir'
     )
+
+
+def needed(meta: Mapping[str, Any], exp) -> bool:
+  """Whether the checkpoint (its metadata) must be resharded for `exp`'s workers.
+
+  Another number of workers; or, for `hitopk_allreduce`, whose error memory
+  is cut in shards of a node's sum, other nodes. A checkpoint that does not
+  record its workers (written before elastic restore) is restored as saved.
+  """
+  now = recorded(exp)
+  if 'workers' not in meta:
+    return False
+  if meta['workers'] != now['workers']:
+    return True
+  return now['method'] == 'hitopk_allreduce' and meta.get('devices') != now['devices']
 
 
 def restore(exp, directory: str, step: int, template: Any, meta: dict[str, Any]):

@@ -495,7 +495,7 @@ def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, A
   saved = checkpoint.read_meta(ckpt.directory, start)
   try:
     elastic.check_same_run(saved, exp)
-    if saved.get('workers', exp.workers.count) != exp.workers.count:
+    if elastic.needed(saved, exp):
       state, meta, done = elastic.restore(exp, ckpt.directory, start, state_shape, saved)
       logging.info('resumed from step %d, resharded %s (%s): %s', start, done,
                    exp.config.sync.method, elastic.describe(exp.config.sync.method))  # fmt: skip

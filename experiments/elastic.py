@@ -1,0 +1,111 @@
+r"""Elastic restore: a run of N workers continues on M, against the run that never stopped.
+
+For each variant, the uninterrupted run trains on `--workers` (checkpoints
+every `--resume_at` steps, all kept); then a copy of its work directory cut
+back to the checkpoint at `--resume_at` continues to the end on each of
+`--to` workers (`jaxdist.train.elastic` reshards the state: replicated
+state kept, local models, optimizer states and error-feedback memories
+averaged). The global batch and the learning-rate schedule are the same, so
+the question is only what resharding costs. The table gives each run's
+final test accuracy and its difference from the uninterrupted run in
+percentage points.
+
+  python experiments/elastic.py --config=configs/digits.py --workdir=/tmp/elastic
+  python experiments/elastic.py --config=configs/digits.py --workdir=/tmp/elastic \
+      --variants=dense,topk1_ef,local4,diloco8 --to=4,16 \
+      --results=experiments/results/elastic.md
+"""
+
+import os
+import shutil
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+config_flags.DEFINE_config_file('config', None, 'Base config, e.g. configs/digits.py.')
+flags.DEFINE_string('workdir', None, 'Directory; each run trains in a subdirectory.')
+flags.DEFINE_list('variants', ['dense', 'topk1_ef', 'local4', 'diloco8'], 'Variants to train.')
+flags.DEFINE_integer('workers', 8, 'Workers of the uninterrupted run (N).')
+flags.DEFINE_list('to', ['4', '16'], 'Workers the run continues on (M).')
+flags.DEFINE_integer('resume_at', None, 'Step the run continues from (default: half the steps).')
+flags.DEFINE_string('results', None, 'Also write the markdown table here.')
+flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
+flags.mark_flags_as_required(['config', 'workdir'])
+FLAGS = flags.FLAGS
+
+COLUMNS = (
+  ('variant', 'variant'),
+  ('sync', 'sync'),
+  ('workers', 'workers'),
+  ('test_accuracy', 'test acc'),
+  ('delta_pp', 'Δ vs uninterrupted (pp)'),
+  ('test_loss', 'test loss'),
+  ('final_loss', 'train loss (last step)'),
+  ('wall_s', 'wall s'),
+)
+
+
+def cut_back(source: str, target: str, step: int) -> None:
+  """A copy of work directory `source` whose checkpoints end at `step`."""
+  keep = str(step)
+  ignore = lambda d, names: [
+    n for n in names if os.path.basename(d) == 'checkpoints' and n.isdigit() and int(n) > step
+  ]
+  shutil.copytree(source, target, ignore=ignore)
+  if not os.path.isdir(os.path.join(target, 'checkpoints', keep)):
+    raise ValueError(f'{source} has no checkpoint at step {step}')
+
+
+def main(argv):
+  del argv
+  from jaxdist.train import cli
+
+  cli.setup(FLAGS.cpu_devices)
+  from jaxdist.train import compare, metrics, report, trainer
+
+  base = FLAGS.config
+  resume_at = FLAGS.resume_at or base.steps // 2
+  rows = []
+  for name in FLAGS.variants:
+    config = compare.variant_config(base, name)
+    config.progress = False
+    config.workers = FLAGS.workers
+    config.checkpoint_every = resume_at
+    config.keep_checkpoints = -(-config.steps // resume_at) + 1
+    straight = os.path.join(FLAGS.workdir, name, f'{FLAGS.workers}')
+    runs = [(f'{FLAGS.workers}', straight, config)]
+    for m in map(int, FLAGS.to):
+      resumed = os.path.join(FLAGS.workdir, name, f'{FLAGS.workers}to{m}')
+      c = config.copy_and_resolve_references()
+      c.workers = m
+      runs.append((f'{FLAGS.workers} → {m} at step {resume_at}', resumed, c))
+    first = None
+    for label, workdir, c in runs:
+      print(f'\n=== {name}: {label}', flush=True)
+      if workdir != straight and not os.path.exists(workdir):
+        cut_back(straight, workdir, resume_at)
+      summary = cli.run(trainer.train_and_evaluate, c, workdir)
+      records = metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE))
+      first = summary['test_accuracy'] if first is None else first
+      rows.append({
+        'variant': name, 'sync': c.sync.method, 'workers': label,
+        'test_accuracy': summary['test_accuracy'],
+        'delta_pp': 100 * (summary['test_accuracy'] - first),
+        'test_loss': summary['test_loss'], 'final_loss': records[-1]['loss'],
+        'wall_s': summary['wall_s'],
+      })  # fmt: skip
+  print('\n' + report.table(rows, COLUMNS))
+  if FLAGS.results:
+    command = ' '.join(['python', *sys.argv])
+    note = (
+      f'{base.dataset.name} {base.model.name}, global batch {base.batch_size}, {base.steps} '
+      f"steps; the resumed runs continue from the uninterrupted run's checkpoint at step "
+      f'{resume_at}. Wall seconds are of the part each run trained, on a shared CPU.'
+    )
+    with open(FLAGS.results, 'w') as f:
+      f.write(f'{report.provenance(command)}\n\n{note}\n\n{report.markdown(rows, COLUMNS)}\n')
+
+
+if __name__ == '__main__':
+  app.run(main)
