@@ -96,3 +96,13 @@ def test_hlo_parser_reads_operand_types_and_async_pairs():
     ('all-reduce', ('f32',), 80),
     ('collective-permute', ('s8',), 4),
   ]
+
+
+def test_hlo_parser_reads_operands_past_the_fifth():
+  # XLA prints `/*index=5*/` before the sixth operand of a long list; it still counts
+  defs = '\n'.join(f'  %p{i} = f32[{i + 1}]{{0}} parameter({i})' for i in range(7))
+  args = ', '.join(f'/*index={i}*/%p{i}' if i >= 5 else f'%p{i}' for i in range(7))
+  text = f'{defs}\n  %ar = (f32[1]{{0}}) all-reduce({args}), to_apply=%add\n'
+  (found,) = comm.hlo.collectives(text)
+  assert found.dtypes == ('f32',) * 7
+  assert found.nbytes == 4 * (1 + 2 + 3 + 4 + 5 + 6 + 7)

@@ -22,6 +22,7 @@ _DEF = re.compile(
   r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\(.*?\)|[\w]+\[[\d,]*\](?:\{[^}]*\})?)\s+([\w\-]+)\((.*)$'
 )
 _ARRAY = re.compile(r'(\w+)\[([\d,]*)\]')
+_COMMENT = re.compile(r'/\*.*?\*/')
 _COMPUTATION = re.compile(r'^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*(?:\(.*\))?.*\{\s*$')
 _BRANCHES = re.compile(
   r'(?:branch_computations=\{([^}]*)\}|true_computation=%?([\w.\-]+).*?false_computation=%?([\w.\-]+))'
@@ -93,6 +94,7 @@ def collectives(hlo_text: str) -> list[Collective]:
       continue
     arrays = []
     for operand in _operands(rest):
+      operand = _COMMENT.sub('', operand).strip()  # XLA prints `/*index=5*/%x` past five
       inline = _arrays(operand)  # some dumps print `f32[3] %x`
       if inline:
         arrays += inline
