@@ -21,6 +21,9 @@ flags.DEFINE_bool('distributed', False, 'Start the multi-process runtime, detect
 flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-process runs).')
 flags.DEFINE_integer('num_processes', None, 'Number of processes (multi-process runs).')
 flags.DEFINE_integer('process_id', None, 'Index of this process (multi-process runs).')
+flags.DEFINE_integer(
+  'heartbeat_timeout_s', 30, 'Seconds without a heartbeat before a dead peer ends the survivors.'
+)
 flags.mark_flags_as_required(['config', 'workdir'])
 FLAGS = flags.FLAGS
 
@@ -33,7 +36,9 @@ def main(argv):
   from jaxdist import runtime, train
 
   if FLAGS.coordinator_address or FLAGS.distributed:
-    runtime.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    runtime.initialize_distributed(
+      FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.heartbeat_timeout_s
+    )
   cli.run(train.train_and_evaluate, FLAGS.config, FLAGS.workdir)
 
 

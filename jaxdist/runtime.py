@@ -142,6 +142,7 @@ def initialize_distributed(
   coordinator_address: str | None = None,
   num_processes: int | None = None,
   process_id: int | None = None,
+  heartbeat_timeout_s: int = 30,
 ) -> None:
   """Starts JAX's multi-controller runtime (one call per process, before any jax op).
 
@@ -149,7 +150,15 @@ def initialize_distributed(
   For local runs pass a loopback `coordinator_address` such as
   `127.0.0.1:12345`; the coordinator then binds to loopback only instead of
   every interface.
+
+  A process that dies (a lost machine, SIGKILL) stops sending heartbeats; after
+  `heartbeat_timeout_s` (JAX's default is 100 s) the coordination service
+  ends every survivor with a non-zero exit instead of leaving it waiting in a
+  collective. The last checkpoint is the state to resume from: rerun the same
+  command on every process.
   """
+  if heartbeat_timeout_s < 1:
+    raise ValueError(f'heartbeat_timeout_s must be >= 1, got {heartbeat_timeout_s}')
   bind = None
   if coordinator_address is not None:
     host, _, port = coordinator_address.rpartition(':')
@@ -167,4 +176,5 @@ def initialize_distributed(
     num_processes=num_processes,
     process_id=process_id,
     coordinator_bind_address=bind,
+    heartbeat_timeout_seconds=heartbeat_timeout_s,
   )
