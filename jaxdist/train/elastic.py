@@ -20,8 +20,10 @@ run of M workers starts from, by one rule per leaf:
   update the model is still owed: with mean aggregation each step applies
   (1/N) Σ_n C(g_n + e_n), and (1/N) Σ_n e_n is what has been computed but not
   yet applied; giving each of the M workers e' = (1/N) Σ_n e_n keeps
-  (1/M) Σ_m e'_m = (1/N) Σ_n e_n. DeepSpeed's 1-bit optimizers reset the
-  memory on a resize instead; this drops that owed update. Integer leaves
+  (1/M) Σ_m e'_m = (1/N) Σ_n e_n. DeepSpeed's 1-bit Adam and LAMB reset
+  their compression errors on every checkpoint load instead (their
+  `load_state_dict`: only rank 0's errors are saved, and loading them would
+  need the same number of GPUs), which drops that owed update. Integer leaves
   under this rule (an optimizer's step count) must agree across workers.
 - `CYCLIC`: new worker m takes old worker m mod N's row. Tick-tock's
   workers hold the model of their wave (worker n is in wave n mod waves): with
@@ -33,6 +35,13 @@ run of M workers starts from, by one rule per leaf:
   worker (`jaxdist.sync.hitopk`). The owed update E = (1/N) Σ_i concat_j e_ij
   is cut into the new layout's m' shards and every node gets m'·E on its
   shards, so (1/M) Σ_i' concat_j' e'_i'j' = E again.
+
+Which rule a method's model and local optimizer state take: `REPLICATED` for
+the synchronous methods (`SYNCHRONOUS`; gradient delay's queue holds
+gradients already averaged, as the trainer puts the all-reduce first, so it
+is replicated too), `MEAN` for the local ones (`LOCAL`; gossip keeps no
+buffers beyond the models, which are averaged to their consensus), `CYCLIC`
+for tick-tock; each jaxdist state's own fields have theirs (`FIELDS`).
 
 PRNG keys are replicated in every jaxdist state and folded with the worker
 index where workers must differ, so keeping the key gives M distinct,
