@@ -67,6 +67,9 @@ results: $(VENV)/.installed
 	$(RESULTS) --only=dense,topk1_ef,artopk1,hitopk --config.workers=16 --config.devices=2 \
 	  --config.network.profiles=10gbps,25gbps@25us --workdir=workdir/results_hitopk \
 	  --results=experiments/results/hitopk.md
+	$(PY) experiments/cpr.py --results=experiments/results/cpr.md
+	$(PY) experiments/elastic.py --config=configs/digits.py --workdir=workdir/results/elastic \
+	  --results=experiments/results/elastic.md
 	$(PY) experiments/plan.py --workdir=workdir/plan
 	cp workdir/plan/plan.md workdir/plan/plan.png experiments/results/
 	$(PY) experiments/readme_tables.py
