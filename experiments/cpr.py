@@ -126,8 +126,8 @@ def main(argv):
       f'Teacher (Bayes) test log-loss {summaries[0]["bayes_loss"]:.4f}. Overheads in % of the '
       f'failure-free modelled time ({FLAGS.steps} steps x {FLAGS.step_s:g} s); modelled costs: '
       f'full checkpoint {FLAGS.save_s:g} s, load {FLAGS.load_s:g} s (a shard: 1/{FLAGS.workers}),'
-      f' restart {FLAGS.restart_s:g} s, mean time between failures {FLAGS.mttf_s:g} s. '
-      f'![CPR]({os.path.basename(figure)})',
+      f' restart {FLAGS.restart_s:g} s, mean time between failures {FLAGS.mttf_s:g} s; '
+      f'plot: {os.path.basename(figure)} beside this file.',
     ]
     with open(FLAGS.results, 'w') as f:
       f.write('\n'.join(text) + '\n')
