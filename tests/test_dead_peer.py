@@ -1,7 +1,6 @@
 """A dead peer in a 2-process run: the survivor exits non-zero in bounded time; a rerun resumes."""
 
 import os
-import socket
 import subprocess
 import time
 
@@ -9,18 +8,12 @@ import pytest
 
 from jaxdist.train import checkpoint, metrics
 
-from conftest import REPO, binary_cmd, binary_env
+from conftest import REPO, binary_cmd, binary_env, free_port
 
 pytestmark = pytest.mark.slow
 
 HEARTBEAT_S = 5
 TIMEOUT = 240
-
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 def launch(workdir, env, kill_at: int = 0):

@@ -21,9 +21,9 @@ import jaxdist as jd
 from jaxdist import comm, netmodel, runtime, testing
 from jaxdist import compress as C
 from jaxdist.train import config as config_lib
-from jaxdist.train import factory, ledger, metrics
+from jaxdist.train import factory, ledger
 
-from conftest import REPO
+import conftest
 
 INTRA_NET = netmodel.profile('1200gbps@5us')  # config.network.intra's default: 150 GB/s, 5 us
 
@@ -34,17 +34,9 @@ def close(a, b, **kw):
 
 
 def run_digits(tmp_path, name, data_dir, monkeypatch, **overrides):
-  from jaxdist.train import checkpoint, trainer
-
-  monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
-  config = factory.load_config(
-    f'{REPO}/configs/digits.py:runlocal,workers=4',
-    **{'progress': False, 'batch_size': 96, 'steps': 6, 'devices': 2, **overrides},
-  )
-  summary = trainer.train_and_evaluate(config, str(tmp_path / name))
-  records = metrics.read_jsonl(str(tmp_path / name / 'metrics.jsonl'))
-  params = checkpoint.read(str(tmp_path / name / 'checkpoints'))[0]['params']
-  return summary, records, params
+  """Two nodes of two: 4 workers on 2 devices, 6 steps."""
+  overrides = {'steps': 6, 'devices': 2, **overrides}
+  return conftest.run_digits(tmp_path, name, data_dir, monkeypatch, 'workers=4', **overrides)
 
 
 def test_ratio_one_trains_like_the_dense_allreduce_on_two_nodes_of_two(

@@ -1,7 +1,6 @@
 """2 processes x 4 CPU devices on 127.0.0.1 == 1 process x 8 devices."""
 
 import os
-import socket
 import subprocess
 
 import numpy as np
@@ -9,18 +8,12 @@ import pytest
 
 from jaxdist.train import checkpoint, metrics
 
-from conftest import REPO, binary_cmd, binary_env
+from conftest import REPO, binary_cmd, binary_env, free_port
 
 pytestmark = pytest.mark.slow
 
 TIMEOUT = 240
 STEPS = 6
-
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 def flat(tree, prefix=''):

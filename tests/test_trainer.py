@@ -7,10 +7,10 @@ import pytest
 
 from jaxdist import comm, data, models, netmodel, runtime
 from jaxdist.train import config as config_lib
-from jaxdist.train import factory, ledger, metrics
+from jaxdist.train import factory, ledger
 from jaxdist.train import step as step_lib
 
-from conftest import REPO
+from conftest import REPO, run_digits
 
 STEPS = 6
 
@@ -189,20 +189,6 @@ def test_batching_needs_a_cluster_and_allreduce_and_feasible_bounds():
     config.update_from_flattened_dict(overrides)
     with pytest.raises(ValueError, match=message):
       factory.build_batching(config, factory.build_cluster(config.cluster, 3))
-
-
-def run_digits(tmp_path, name, data_dir, monkeypatch, **overrides):
-  from jaxdist.train import checkpoint, trainer
-
-  monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
-  config = factory.load_config(
-    f'{REPO}/configs/digits.py:runlocal,workers=3',
-    **{'progress': False, 'batch_size': 96, 'steps': 12, **overrides},
-  )
-  summary = trainer.train_and_evaluate(config, str(tmp_path / name))
-  records = metrics.read_jsonl(str(tmp_path / name / 'metrics.jsonl'))
-  params = checkpoint.read(str(tmp_path / name / 'checkpoints'))[0]['params']
-  return summary, records, params
 
 
 def test_dynamic_batches_train_like_uniform_ones_and_equalise_the_modelled_times(

@@ -87,6 +87,9 @@ class Cluster:
     stream_rates: samples per second arriving at each worker (ScaDLES), or
       () if the data is not streamed.
     price: price of one worker-hour (any currency); cost = K × hours × price.
+    straggles: injected slowdowns (`config.fault.straggle`): (worker, factor,
+      start, end) tuples; worker's compute time is multiplied by factor on
+      0-based steps start <= t < end (`jaxdist.faults.inject.Straggle`).
   """
 
   speeds: tuple[float, ...]
@@ -96,6 +99,7 @@ class Cluster:
   phases: tuple[tuple[int, tuple[float, ...]], ...] = ()
   stream_rates: tuple[float, ...] = ()
   price: float = 0.0
+  straggles: tuple[tuple[int, float, int, int], ...] = ()
 
   def __post_init__(self):
     speeds = _floats('speeds', self.speeds)
@@ -131,6 +135,12 @@ class Cluster:
       raise ValueError(f'stream_rates has {len(rates)} workers, but speeds has {k}')
     if rates and min(rates) < 0:
       raise ValueError(f'stream_rates must all be >= 0 samples/s, got {rates}')
+    for i, (worker, factor, start, end) in enumerate(self.straggles):
+      if not 0 <= worker < k or factor < 1.0 or not 0 <= start < end:
+        raise ValueError(
+          f'straggles[{i}] must be (worker in [0, {k}), factor >= 1, start < end), '
+          f'got {self.straggles[i]!r}'
+        )
     object.__setattr__(self, 'speeds', speeds)
     object.__setattr__(self, 'phases', tuple(phases))
     object.__setattr__(self, 'stream_rates', rates)
@@ -215,12 +225,16 @@ class Cluster:
     """[K] seconds each worker computes at `step`: b / speed × per-example time (× slowdown).
 
     Args:
-      step: the step (0-based), for the phase and the straggler draw.
+      step: the step (0-based), for the phase, the straggler draw and the
+        injected straggles.
       batches: each worker's batch (examples), or one batch for all.
       per_example_s: measured seconds per example of a speed-1 worker.
     """
     b = np.broadcast_to(np.asarray(batches, float), (self.num_workers,))
     slow = np.where(self.stragglers(step), self.straggler_slowdown, 1.0)
+    for worker, factor, start, end in self.straggles:
+      if start <= step < end:
+        slow[worker] *= factor
     return b / self.speeds_at(step) * per_example_s * slow
 
   def cost(self, seconds: float) -> float:

@@ -280,6 +280,10 @@ def variants() -> ml_collections.ConfigDict:
       'async4': method('async_sgd', max_delay=4),
       'gossip_ring': method('gossip', topology='ring'),
       'sma': method('sma'),
+      # simulated failures (config.fault; run with 8 workers): workers dropping out
+      'drop1_at100': {'fault': {'drop': '7@100'}},
+      'drop1_100_200': {'fault': {'drop': '7@100-200'}},
+      'drop4_at100': {'fault': {'drop': '4@100,5@100,6@100,7@100'}},
       # delay-tolerant training and scheduling
       'od_sgd': method('od_sgd'),
       'ssd_sgd': method('ssd_sgd', k=5, compensation=0.04),
@@ -419,10 +423,16 @@ def base() -> ml_collections.ConfigDict:
   config.keep_checkpoints = 2
   config.progress = True
 
-  # Fault injection for recovery experiments: SIGKILL the process after this
-  # step is logged, losing the steps since the last checkpoint (0 = never).
+  # Fault injection (jaxdist.faults.inject). kill_at_step: SIGKILL the process after this
+  # step is logged, losing the steps since the last checkpoint (0 = never). straggle:
+  # 'worker:factor@start-end', comma-separated: the worker computes factor x slower on steps
+  # start+1..end (the modelled clock; each method's waiting rule decides who waits). drop:
+  # 'worker@start[-end]': the worker takes no part in steps start+1..end (for good without
+  # an end); the weighted all-reduce averages over the others (needs sync.method=allreduce).
   config.fault = ml_collections.ConfigDict()
   config.fault.kill_at_step = 0
+  config.fault.straggle = ''
+  config.fault.drop = ''
 
   # Named variants for experiments/compare.py; `compare` lists the ones it trains.
   config.variants = variants()

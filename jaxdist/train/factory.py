@@ -21,6 +21,7 @@ import ml_collections
 import optax
 
 from jaxdist import compress, control, data, models, netmodel, runtime, sync
+from jaxdist.faults import inject
 from jaxdist.train import adaptive
 from jaxdist.train import config as config_lib
 
@@ -190,7 +191,8 @@ def sync_transform(config, workers: runtime.Workers, opt) -> optax.GradientTrans
     section['delay'] = _delay(section['delay'])
     del supplied['axis_name']
   make = getattr(sync, method)
-  if method == 'allreduce' and config.batching != 'uniform':  # uneven batches: weights b_k / G
+  uneven = config.batching != 'uniform' or str(config.fault.drop).strip()
+  if method == 'allreduce' and uneven:  # uneven batches or dropped workers: weights b_k / G
     make = sync.weighted_allreduce
   if config_lib.METHODS[method] == 'in':
     first = next(iter(inspect.signature(make).parameters))
@@ -269,8 +271,12 @@ def _stream_rates(cfg, num_workers: int) -> tuple[float, ...]:
   return config_lib.numbers(text, 'cluster.stream_rates')
 
 
-def build_cluster(cfg, num_workers: int) -> netmodel.Cluster | None:
-  """The cluster `config.cluster` describes, or None (equal workers: no cluster model)."""
+def build_cluster(cfg, num_workers: int, straggles: tuple = ()) -> netmodel.Cluster | None:
+  """The cluster `config.cluster` describes, or None (equal workers: no cluster model).
+
+  Injected `straggles` (`config.fault.straggle`) need the per-worker clock: with
+  them, equal workers of speed 1 if `config.cluster` describes none.
+  """
   kwargs = dict(
     straggler_p=cfg.straggler_p,
     straggler_slowdown=cfg.straggler_slowdown,
@@ -278,9 +284,10 @@ def build_cluster(cfg, num_workers: int) -> netmodel.Cluster | None:
     phases=_phases(cfg.phases),
     stream_rates=_stream_rates(cfg, num_workers),
     price=cfg.price,
+    straggles=tuple(straggles),
   )
   speeds, cores = config_lib.numbers(cfg.speeds, 'cluster.speeds'), str(cfg.cores).strip()
-  described = speeds or cores or cfg.straggler_p or kwargs['phases'] or cfg.price
+  described = speeds or cores or cfg.straggler_p or kwargs['phases'] or cfg.price or straggles
   if not (described or kwargs['stream_rates']):
     return None
   if speeds and cores:
@@ -412,16 +419,17 @@ class Experiment:
   batching: control.DynamicBatching | control.Streams | None = None
   sampler: data.Sampler | None = None  # which examples each worker trains on
   ratio_control: adaptive.RatioControl | None = None  # config.adaptive
+  drops: tuple[inject.Drop, ...] = ()  # config.fault.drop
 
   @property
   def counted(self) -> bool:
     """Whether workers' batches may differ: the step takes counts and weights by them."""
-    return self.config.batching != 'uniform'
+    return self.config.batching != 'uniform' or bool(self.drops)
 
   @property
   def held(self) -> int:
     """Examples each worker holds per step: its batch, or b_max with per-worker batches."""
-    if not self.counted:
+    if self.config.batching == 'uniform':
       return self.per_worker
     section = self.config.streams if self.streaming else self.config.dynamic_batching
     return section.b_max or self.config.batch_size
@@ -505,7 +513,9 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
       )
     networks = {name: netmodel.resolve(name) for name in config_lib.names(config.network.profiles)}
     _check_hierarchy(config, workers)
-    cluster = build_cluster(config.cluster, config.workers)
+    straggles = inject.parse_straggles(config.fault.straggle, config.workers)
+    drops = build_drops(config)
+    cluster = build_cluster(config.cluster, config.workers, straggles)
     batching = build_batching(config, cluster)
     ds = load_dataset(config.dataset)
     data.batch_indices(
@@ -518,8 +528,25 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     raise ConfigError(str(e)) from e
   return Experiment(
     config, workdir, ds, model, tx, schedule, workers, networks, cluster, batching, sampler,
-    ratio_control,
+    ratio_control, drops,
   )  # fmt: skip
+
+
+def build_drops(config) -> tuple[inject.Drop, ...]:
+  """`config.fault.drop`, checked against the method: a dropped worker is weighted 0."""
+  drops = inject.parse_drops(config.fault.drop, config.workers)
+  if drops and config.sync.method != 'allreduce':
+    raise ValueError(
+      f'config.fault.drop={config.fault.drop!r} takes a worker out of the weighted all-reduce '
+      f'(weight 0, the mean over the others): it needs sync.method=allreduce, got '
+      f'{config.sync.method!r}'
+    )
+  if drops and config.batching not in ('uniform', 'static'):
+    raise ValueError(
+      f'config.fault.drop with config.batching={config.batching!r}: a dropped worker would '
+      "feed the batch controller a zero time; use batching='uniform' or 'static'"
+    )
+  return drops
 
 
 def _check_hierarchy(config, workers: runtime.Workers) -> None:

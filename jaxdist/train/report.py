@@ -108,20 +108,23 @@ def plot_ratios(records: Sequence[Mapping[str, Any]], network: str, title: str =
 
 
 def plot_batches(records: Sequence[Mapping[str, Any]], title: str = '') -> Figure:
-  """Each worker's batch and modelled compute time against step (per-worker batching)."""
+  """Each worker's batch and modelled compute time (with a cluster) against step."""
   steps = [r['step'] for r in records if 'batches' in r]
   batches = [r['batches'] for r in records if 'batches' in r]
-  times = [r['compute_s'] for r in records if 'batches' in r]
+  timed = [r for r in records if 'batches' in r and 'compute_s' in r]  # with a cluster model
   fig = Figure(figsize=(10, 3.6))
   ax_b, ax_t = fig.subplots(1, 2)
   for k in range(len(batches[0]) if batches else 0):
     ax_b.step(steps, [b[k] for b in batches], where='post', label=f'worker {k}')
-    ax_t.plot(steps, [1e3 * t[k] for t in times], lw=1, label=f'worker {k}')
+    if timed:
+      ax_t.plot([r['step'] for r in timed], [1e3 * r['compute_s'][k] for r in timed], lw=1,
+                label=f'worker {k}')  # fmt: skip
   ax_b.set(xlabel='step', ylabel='batch (examples)')
   ax_t.set(xlabel='step', ylabel='modelled compute (ms)')
   for ax in (ax_b, ax_t):
     ax.grid(alpha=0.3)
-    ax.legend(loc='best', fontsize='small')
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(loc='best', fontsize='small')
   if title:
     fig.suptitle(title)
   fig.tight_layout()

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from jaxdist import comm, control, data, netmodel, runtime, timing
+from jaxdist.faults import inject
 from jaxdist.train import checkpoint, elastic, factory, ledger, metrics, report
 from jaxdist.train import step as step_lib
 
@@ -33,7 +34,7 @@ ConfigError = factory.ConfigError
 
 
 def put_batch(
-  exp: factory.Experiment, t: int, sizes=None, scale: float | None = None
+  exp: factory.Experiment, t: int, sizes=None, scale: float | None = None, counts=None
 ) -> tuple[tuple[jax.Array, ...], np.ndarray]:
   """Global batch `t` as [workers, held, ...] arrays, and [K] examples each worker received.
 
@@ -41,15 +42,18 @@ def put_batch(
   SelDP, non-IID labels, with or without data injection). With per-worker
   batch `sizes` ([K] ints), worker k's examples are repeated to fill its
   `exp.held` slots (the step trains on the first sizes[k]); with
-  `exp.counted` the sizes come as a third array and a learning-rate
-  `scale`, if given, as a fourth. Each process loads its own workers.
+  `exp.counted` the `counts` (default: the sizes; 0 for a dropped worker,
+  whose drawn examples are then lost) come as a third array and a
+  learning-rate `scale`, if given, as a fourth. Each process loads its own
+  workers.
   """
   w, split = exp.workers, exp.dataset.train
   batch = exp.sampler.indices(t, [exp.per_worker] * w.count if sizes is None else sizes)
   idx = np.stack([np.resize(part, exp.held) for part in batch.indices])[w.local_workers()]
   arrays = [exp.dataset.normalize(split.images[idx]), split.labels[idx]]
   if exp.counted:
-    arrays.append(np.asarray(sizes, np.int32)[w.local_workers()])
+    counts = sizes if counts is None else counts
+    arrays.append(np.asarray(counts, np.int32)[w.local_workers()])
     if scale is not None:
       arrays.append(np.full(w.count, scale, np.float32)[w.local_workers()])
   put = lambda a: jax.make_array_from_process_local_data(w.sharding, a, (w.count, *a.shape[1:]))
@@ -188,7 +192,19 @@ class Batches:
 
   @property
   def sizes(self) -> np.ndarray | None:
+    """[K] batches the controller chose (None: uniform), drawn whether or not a worker dropped."""
     return None if self.state is None else self.state.batches
+
+  def counts(self, t: int) -> np.ndarray | None:
+    """[K] examples each worker trains on at step t: its batch, 0 while it is dropped
+    (`config.fault.drop`); None when every worker trains on its uniform batch."""
+    if self.state is None and not self.exp.drops:
+      return None
+    k = self.exp.workers.count
+    sizes = np.full(k, self.exp.per_worker) if self.state is None else self.state.batches
+    if self.exp.drops:
+      sizes = np.where(inject.alive(self.exp.drops, k, t), sizes, 0)
+    return sizes
 
   @property
   def scale(self) -> float | None:
@@ -199,10 +215,15 @@ class Batches:
 
   def observe(self, t: int) -> dict[str, Any]:
     """Step t's batches, modelled compute times (and waits); the controller takes the times."""
-    if self.state is None:
+    if self.state is None and not self.exp.drops:
       return {}
-    times = self.exp.cluster.compute_seconds(t, self.state.batches, self.per_example_s)
-    record = {'batches': self.state.batches.tolist(), 'compute_s': times.tolist()}
+    counts = self.counts(t)
+    record = {'batches': counts.tolist()}
+    if self.exp.cluster is not None:
+      times = self.exp.cluster.compute_seconds(t, counts, self.per_example_s)
+      record['compute_s'] = times.tolist()
+    if self.state is None:  # uniform batches with dropped workers
+      return record
     if self.scale is not None:  # the learning rate of this step is learning_rate × lr_scale
       record['lr_scale'] = self.scale
     if self.exp.streaming:
@@ -295,7 +316,9 @@ class HostSide:
 
   def batch(self, t: int, state) -> tuple[tuple[jax.Array, ...], dict[str, Any], dict[str, float]]:
     """Step t's device arrays, the chain's extra arguments, and fields measured before it."""
-    arrays, injected = put_batch(self.exp, t, self.batches.sizes, self.batches.scale)
+    arrays, injected = put_batch(
+      self.exp, t, self.batches.sizes, self.batches.scale, self.batches.counts(t)
+    )
     fields = self.noise.measure(t, state, arrays, self.clock)
     if self.exp.sampler.partition.injects:  # bytes each worker received, on average
       fields['inject_bytes'] = float(np.mean(injected)) * self.example_bytes
