@@ -1,7 +1,10 @@
-"""Shared test setup: 8 CPU devices (before JAX starts) and one tfds data dir."""
+"""Shared test setup: 8 CPU devices (before JAX starts), one tfds data dir, one XLA cache."""
 
 import os
+import shutil
+import socket
 import sys
+import tempfile
 
 import jax
 
@@ -10,6 +13,30 @@ jax.config.update('jax_num_cpu_devices', 8)
 import pytest  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# JAX's persistent compilation cache, one per session: the xdist workers, the binaries they
+# start and the notebooks' kernels (all inherit the environment) compile each program once.
+# A hit returns the executable XLA built for the same program, flags and devices, so nothing
+# a test computes changes; only the compile time is saved. Set JAX_COMPILATION_CACHE_DIR to
+# choose the directory (kept), or to '' to compile everything afresh.
+MIN_COMPILE_S = 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'
+_made_cache = []
+
+
+def pytest_configure(config):
+  if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:  # the controller (xdist workers inherit it)
+    _made_cache.append(tempfile.mkdtemp(prefix='jaxdist-xla-cache-'))  # removed at the end
+    os.environ['JAX_COMPILATION_CACHE_DIR'] = _made_cache[0]
+    os.environ[MIN_COMPILE_S] = '0'  # the small models' steps compile in less than 1 s
+  if os.environ['JAX_COMPILATION_CACHE_DIR']:  # JAX read the environment at import: tell it
+    jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
+    if MIN_COMPILE_S in os.environ:
+      jax.config.update(MIN_COMPILE_S.lower(), float(os.environ[MIN_COMPILE_S]))
+
+
+def pytest_unconfigure(config):
+  for path in _made_cache:
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope='session')
@@ -41,3 +68,29 @@ def binary_env(data_dir: str) -> dict[str, str]:
 
 def binary_cmd(*args: str, script: str = 'train.py') -> list[str]:
   return [sys.executable, os.path.join(REPO, 'experiments', script), *args]
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on now (for jax.distributed)."""
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def run_digits(tmp_path, name, data_dir, monkeypatch, args='workers=3', **overrides):
+  """Trains `configs/digits.py:runlocal,<args>` in tmp_path/name: (summary, records, params).
+
+  Defaults: batch 96, 12 steps, no progress bar; `overrides` are config keys.
+  `params` are the last checkpoint's (every worker's, leading worker axis).
+  """
+  from jaxdist.train import checkpoint, factory, metrics, trainer
+
+  monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
+  config = factory.load_config(
+    f'{REPO}/configs/digits.py:runlocal,{args}',
+    **{'progress': False, 'batch_size': 96, 'steps': 12, **overrides},
+  )
+  summary = trainer.train_and_evaluate(config, str(tmp_path / name))
+  records = metrics.read_jsonl(str(tmp_path / name / 'metrics.jsonl'))
+  params = checkpoint.read(str(tmp_path / name / 'checkpoints'))[0]['params']
+  return summary, records, params
