@@ -14,6 +14,23 @@ import pytest  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# The tests run XLA's CPU backend at LLVM -O0: a program compiles about 4x faster and runs
+# about 2x slower, and the tests' runs are a few steps each, so compiling is most of their
+# time (a 12-step digits run: 28 s of compiling at the default level, 6 s at -O0). Every
+# program of a test session compiles with the same flags, so comparisons within the suite
+# are unaffected. Binaries and notebook kernels the tests start get the same flags
+# (`xla_flags_for_tests`). Set JAXDIST_TEST_XLA_FLAGS to override ('' for XLA's defaults).
+TEST_XLA_FLAGS = os.environ.get('JAXDIST_TEST_XLA_FLAGS', '--xla_backend_optimization_level=0')
+
+
+def xla_flags_for_tests(inherited: str = '') -> str:
+  """XLA_FLAGS with the tests' flags added (those not already in `inherited`)."""
+  missing = [f for f in TEST_XLA_FLAGS.split() if f not in inherited.split()]
+  return ' '.join([*inherited.split(), *missing])
+
+
+os.environ['XLA_FLAGS'] = xla_flags_for_tests(os.environ.get('XLA_FLAGS', ''))  # before JAX starts
+
 # JAX's persistent compilation cache, one per session: the xdist workers, the binaries they
 # start and the notebooks' kernels (all inherit the environment) compile each program once.
 # A hit returns the executable XLA built for the same program, flags and devices, so nothing
@@ -62,7 +79,7 @@ def binary_env(data_dir: str) -> dict[str, str]:
   env = dict(os.environ)
   env['TFDS_DATA_DIR'] = data_dir
   env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
-  env.pop('XLA_FLAGS', None)
+  env['XLA_FLAGS'] = xla_flags_for_tests()  # not the parent's (device counts are the binary's)
   return env
 
 

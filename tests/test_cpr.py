@@ -18,7 +18,7 @@ from jaxdist.data.clicks import clicks
 from jaxdist.faults import cpr, hybrid, report, simulate
 from jaxdist.models import dlrm
 
-from conftest import REPO
+from conftest import REPO, xla_flags_for_tests
 
 TABLES, ROWS, DENSE = 8, 50, 4
 MODEL = dlrm.DLRM(embed_dim=8, bottom=(16,), top=(16,))
@@ -329,7 +329,7 @@ def test_bad_layout_is_a_clear_error():
 @pytest.mark.slow
 def test_binary_writes_the_table_the_figure_and_the_metrics(tmp_path):
   results = tmp_path / 'cpr.md'
-  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  env = {**os.environ, 'XLA_FLAGS': xla_flags_for_tests()}  # not the parent's device count
   env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
   proc = subprocess.run(
     [sys.executable, os.path.join(REPO, 'experiments', 'cpr.py'), '--workers=4', '--tables=4',

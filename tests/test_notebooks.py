@@ -7,7 +7,7 @@ import jupytext
 import nbclient
 import pytest
 
-from conftest import REPO
+from conftest import REPO, xla_flags_for_tests
 
 NOTEBOOKS = sorted(glob.glob(os.path.join(REPO, 'notebooks', '*.ipynb')))
 
@@ -32,7 +32,7 @@ def test_ipynb_matches_its_py_percent_twin(path):
 def test_notebook_runs(path, tmp_path, data_dir, monkeypatch):
   monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
   monkeypatch.setenv('PYTHONPATH', REPO + os.pathsep + os.environ.get('PYTHONPATH', ''))
-  monkeypatch.delenv('XLA_FLAGS', raising=False)
+  monkeypatch.setenv('XLA_FLAGS', xla_flags_for_tests())  # not the parent's device count
   notebook = jupytext.read(path[: -len('.ipynb')] + '.py')
   # run in a copy of the notebooks folder so outputs land in tmp_path
   workdir = tmp_path / 'notebooks'
