@@ -51,9 +51,10 @@ results: $(VENV)/.installed
 	$(RESULTS) --only=bsp,local4,ssp2,async4,gossip_ring --config.cluster.straggler_p=0.1 \
 	  --config.cluster.straggler_slowdown=4 --config.cluster.price=1 \
 	  --results=experiments/results/stragglers.md
-	$(RESULTS) --only=bsp,local4,ssp2,async4,gossip_ring --config.fault.straggle=7:8@100-200 \
-	  --results=experiments/results/straggle.md
-	$(RESULTS) --only=bsp,drop1_at100,drop1_100_200,drop4_at100 --results=experiments/results/drop.md
+	$(RESULTS) --workdir=workdir/faults --only=bsp,local4,ssp2,async4,gossip_ring \
+	  --config.fault.straggle=7:8@20-120 --results=experiments/results/straggle.md
+	$(RESULTS) --workdir=workdir/faults --only=bsp,drop1_at20,drop1_20_60,drop4_at20 \
+	  --results=experiments/results/drop.md
 	$(RESULTS) --only=uniform_h2,dynamic_h2,uniform_h10,dynamic_h10 --config.workers=3 \
 	  --config.batch_size=96 --results=experiments/results/heterogeneous.md
 	$(RESULTS) --only=ddl_s1,scadles_s1,ddl_s10,scadles_s10 --results=experiments/results/streams.md

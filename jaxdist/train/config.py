@@ -281,9 +281,9 @@ def variants() -> ml_collections.ConfigDict:
       'gossip_ring': method('gossip', topology='ring'),
       'sma': method('sma'),
       # simulated failures (config.fault; run with 8 workers): workers dropping out
-      'drop1_at100': {'fault': {'drop': '7@100'}},
-      'drop1_100_200': {'fault': {'drop': '7@100-200'}},
-      'drop4_at100': {'fault': {'drop': '4@100,5@100,6@100,7@100'}},
+      'drop1_at20': {'fault': {'drop': '7@20'}},
+      'drop1_20_60': {'fault': {'drop': '7@20-60'}},
+      'drop4_at20': {'fault': {'drop': '4@20,5@20,6@20,7@20'}},
       # delay-tolerant training and scheduling
       'od_sgd': method('od_sgd'),
       'ssd_sgd': method('ssd_sgd', k=5, compensation=0.04),
