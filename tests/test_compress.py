@@ -4,8 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.extend.random import threefry_2x32
 
 from jaxdist import compress as C
+from jaxdist.compress.base import threefry2x32
 
 N = 1000
 X = jnp.asarray(np.random.default_rng(0).standard_normal(N).astype(np.float32))
@@ -120,25 +122,137 @@ def test_terngrad_decodes_to_zero_or_plus_minus_max():
   assert out[1] == -2.0  # the max element is always kept
 
 
+def spread_and_bias(c, x, bits='own'):
+  """Per element of decode(encode(x)): its exact variance, and a bound on |E - x|.
+
+  QSGD sends step·(floor(s|x|/‖x‖) + coin) with step = ‖x‖/s per bucket and a
+  coin of probability p = frac(s|x|/‖x‖): variance step²·p(1-p). TernGrad
+  sends scale·coin, p = |x|/scale: scale²·p(1-p). Random-k (with
+  replacement, rescaled by n/k) sends x·(n/k)·Binomial(k, 1/n):
+  x²·(n/k)(1 - 1/n). The bias bound is the coin's resolution (2^-(bits+1)
+  of a step; 2^-23 for `jax.random.bernoulli`'s floats) plus float32
+  rounding of the decode. `bits` other than 'own': the bound of that many bits.
+  """
+  x = np.asarray(x, np.float64)
+  n = x.size
+  if isinstance(c, C.RandomK):
+    k = C.num_kept(n, c.ratio)
+    return x**2 * (n / k) * (1 - 1 / n), 1e-6 * np.abs(x) * n / k
+  size = n if c.bucket_size is None else c.bucket_size
+  b = np.pad(x, (0, -n % size)).reshape(-1, size)
+  if isinstance(c, C.QSGD):
+    step = np.linalg.norm(b, axis=1, keepdims=True) / c.levels
+  else:
+    step = np.max(np.abs(b), axis=1, keepdims=True)
+  scaled = np.abs(b) / np.where(step > 0, step, 1.0)
+  p = scaled - np.floor(scaled)
+  step = np.broadcast_to(step, b.shape).reshape(-1)[:n]
+  variance = step**2 * (p * (1 - p)).reshape(-1)[:n]
+  bits = c.rng_bits if bits == 'own' else bits
+  resolution = 2.0**-23 if bits is None else 2.0 ** -(bits + 1)
+  return variance, step * resolution + 1e-6 * (np.abs(x) + step)
+
+
+def assert_unbiased(c, x, num_keys=4000, z=5.0, bits='own'):
+  """E[decode(encode(x))] == x, from `num_keys` keys, element by element and summed.
+
+  Each element's mean over the keys must be within z standard errors (from
+  the exact variance, not the sample's) plus the bias bound of x; so must the
+  sum of the errors over all elements, which catches a small bias shared by
+  many elements. NaN or inf anywhere fails.
+  """
+  keys = jax.random.split(jax.random.key(42), num_keys)
+  outs = np.asarray(jax.jit(jax.vmap(lambda k: c.roundtrip(x, k)))(keys), np.float64)
+  assert np.isfinite(outs).all(), 'decode(encode(x)) is not finite'
+  variance, bias = spread_and_bias(c, x, bits)
+  error = outs.mean(0) - np.asarray(x, np.float64)
+  tol = z * np.sqrt(variance / num_keys) + bias
+  bad = np.flatnonzero(~(np.abs(error) <= tol))
+  assert bad.size == 0, f'elements {bad[:10]}: error {error[bad[:10]]}, tolerance {tol[bad[:10]]}'
+  total_tol = z * np.sqrt(variance.sum() / num_keys) + bias.sum()
+  assert abs(error.sum()) <= total_tol, f'summed error {error.sum():.3g} > {total_tol:.3g}'
+  # the spread itself: the sample variance of the sum matches the exact one
+  sample = outs.sum(1).var()
+  assert 0.85 * variance.sum() <= sample <= 1.15 * variance.sum(), (sample, variance.sum())
+
+
 @pytest.mark.parametrize(
   'c',
-  [C.qsgd(levels=7, bucket_size=64), C.qsgd(levels=127), C.terngrad(), C.randomk(ratio=0.2)],
+  [
+    C.qsgd(levels=7, bucket_size=64),
+    C.qsgd(levels=127),
+    C.qsgd(levels=127, rng_bits=32),
+    C.qsgd(levels=127, rng_bits=None),
+    C.terngrad(),
+    C.terngrad(bucket_size=100, rng_bits=8),
+    C.randomk(ratio=0.2),
+  ],
   ids=repr,
 )
 def test_stochastic_compressors_are_unbiased(c):
-  """The mean over many keys is within 5 standard errors of x, element by element.
-
-  The small absolute term covers elements kept with probability ~1, whose
-  sample standard error can be 0 in a finite sample.
-  """
-  x = X[:256]
-  keys = jax.random.split(jax.random.key(42), 4000)
-  outs = np.asarray(jax.jit(jax.vmap(lambda k: c.roundtrip(x, k)))(keys))
-  mean, sem = outs.mean(0), outs.std(0) / np.sqrt(len(keys))
   assert c.unbiased
-  np.testing.assert_array_less(
-    np.abs(mean - np.asarray(x)), 5 * sem + 1e-3 * float(jnp.max(jnp.abs(x)))
-  )
+  assert_unbiased(c, X[:256])
+
+
+def test_the_unbiasedness_test_catches_a_bias_of_8_bit_coins():
+  """Held to 16 bits' bound, 8-bit coins fail: elements with p < 2^-9 are never sent.
+
+  x: one large element and 255 small positive ones (p = |x|/max ~ 3e-4), so
+  the 8-bit bias (-x for each of them) adds up in the summed check, while
+  16-bit coins pass it.
+  """
+  small = 1e-3 * np.abs(np.asarray(X[:255])) + 1e-4
+  x = jnp.asarray(np.concatenate([[3.0], small]), jnp.float32)
+  assert_unbiased(C.terngrad(rng_bits=16), x)
+  with pytest.raises(AssertionError, match='summed error'):
+    assert_unbiased(C.terngrad(rng_bits=8), x, bits=16)
+
+
+def test_the_unbiasedness_test_fails_on_nan():
+  x = X[:256].at[3].set(jnp.nan)
+  with pytest.raises(AssertionError, match='not finite'):
+    assert_unbiased(C.qsgd(levels=7, bucket_size=64), x, num_keys=10)
+
+
+@pytest.mark.parametrize('bits', [8, 16, 32])
+def test_bernoulli_is_exact_at_0_and_1_and_rounds_p_to_its_bits(bits):
+  p = jnp.asarray([0.0, 1.0, 0.5, 0.3, 1e-3, 1 - 1e-7], jnp.float32)
+  keys = jax.random.split(jax.random.key(7), 100_000)
+  freq = np.asarray(jax.jit(jax.vmap(lambda k: C.bernoulli(k, p, bits)))(keys)).mean(0)
+  assert freq[0] == 0 and freq[1] == 1
+  expected = np.round(np.asarray(p, np.float64) * 2.0**bits) / 2.0**bits  # P(true)
+  sem = np.sqrt(expected * (1 - expected) / len(keys))
+  np.testing.assert_array_less(np.abs(freq - expected), 5 * sem + 2.0**-bits)
+
+
+def test_bernoulli_rejects_other_widths():
+  with pytest.raises(ValueError, match=r'bits must be one of \(8, 16, 32\), got 12'):
+    C.bernoulli(jax.random.key(0), jnp.zeros(3), 12)
+
+
+def test_threefry2x32_is_jaxs_hash():
+  key = jax.random.key_data(jax.random.key(11))
+  x = jnp.arange(2 * 1000, dtype=jnp.uint32).reshape(2, -1)
+  expected = threefry_2x32(key, x.reshape(-1)).reshape(2, -1)  # hashes (x[0][j], x[1][j])
+  got = jnp.stack(threefry2x32(key[0], key[1], x[0], x[1]))
+  np.testing.assert_array_equal(got, expected)
+
+
+def test_bernoulli_uses_every_key_under_vmap():
+  """Batched keys give the rows of the unbatched calls (rbg keys would not)."""
+  p = jnp.linspace(0.0, 1.0, 300_001)  # more than one 65536-word step of the loop
+  keys = jax.random.split(jax.random.key(3), 3)
+  batched = np.asarray(jax.vmap(lambda k: C.bernoulli(k, p))(keys))
+  np.testing.assert_array_equal(batched, np.stack([C.bernoulli(k, p) for k in keys]))
+  assert (batched[0] != batched[1]).mean() > 0.2  # independent rows
+
+
+def test_quantisers_take_raw_and_typed_keys_and_differ_by_key():
+  c = C.qsgd(levels=7, bucket_size=64)
+  raw = jax.random.PRNGKey(5)
+  a = c.roundtrip(X, raw)
+  np.testing.assert_array_equal(a, c.roundtrip(X, jax.random.wrap_key_data(raw)))
+  assert not np.array_equal(a, c.roundtrip(X, jax.random.PRNGKey(6)))
 
 
 def test_topk_is_biased_so_the_property_test_can_fail():
@@ -194,6 +308,8 @@ def test_warmup_ratios_follow_dgc():
     (lambda: C.topk(k=0), 'k must be >= 1'),
     (lambda: C.powersgd(rank=0), 'rank must be >= 1, got 0'),
     (lambda: C.qsgd(levels=200), r'levels must be in \[1, 127\]'),
+    (lambda: C.qsgd(rng_bits=12), r'rng_bits must be one of \(8, 16, 32\) or None, got 12'),
+    (lambda: C.terngrad(rng_bits=64), 'rng_bits must be one of'),
     (lambda: C.cast('int4'), 'dtype must be one of'),
     (lambda: C.dgc(ratio=0.1, sample_ratio=2.0), r'sample_ratio must be in \(0, 1\]'),
     (lambda: C.threshold(tau=-1.0, ratio=0.1), 'tau must be >= 0'),

@@ -4,13 +4,16 @@ c = jd.compress.topk(ratio=0.01)     # also mstopk, dgc, randomk, threshold,
                                      # qsgd, terngrad, sign, ef_sign, onebit,
                                      # twobit, cast, identity
 
-`PowerSGD` (`powersgd`) holds the pure maths of `jaxdist.sync.powersgd`.
+`PowerSGD` (`powersgd`) holds the pure maths of `jaxdist.sync.powersgd`;
+`bernoulli` is the stochastic quantisers' coin (Philox bits, see its docstring).
 """
 
 from __future__ import annotations
 
 from jaxdist.compress.base import (
+  RNG_BITS,
   Compressor,
+  bernoulli,
   bits_for,
   buckets,
   check_ratio,
@@ -67,6 +70,7 @@ __all__ = [
   'DGC',
   'QSGD',
   'REGISTRY',
+  'RNG_BITS',
   'Cast',
   'Compressor',
   'EFSign',
@@ -80,6 +84,7 @@ __all__ = [
   'Threshold',
   'TopK',
   'TwoBit',
+  'bernoulli',
   'bits_for',
   'buckets',
   'cast',

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 Payload = tuple[jax.Array, ...]
 
@@ -109,6 +110,91 @@ def bits_for(levels: int) -> int:
     if levels <= 1 << bits:
       return bits
   raise ValueError(f'{levels} levels do not fit in 8 bits')
+
+
+# --- coin flips for stochastic rounding -----------------------------------------
+
+RNG_BITS = (8, 16, 32)
+_CHUNK = 1 << 16  # 32-bit words per step of the loop that draws them
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def threefry2x32(k0: jax.Array, k1: jax.Array, x0: jax.Array, x1: jax.Array) -> list[jax.Array]:
+  """JAX's Threefry-2x32 hash (20 rounds), unrolled: equal to `jax.extend.random.threefry_2x32`.
+
+  JAX lowers its own hash on the CPU as a 5-step loop over full-size
+  temporaries (`use_rolled_loops`), several memory passes per draw; written
+  out, XLA fuses the 20 rounds into one element-wise kernel.
+  """
+  ks = (k0, k1, k0 ^ k1 ^ jnp.uint32(0x1BD11BDA))
+  x = [x0 + ks[0], x1 + ks[1]]
+  for i in range(5):
+    for r in _ROTATIONS[i % 2]:
+      x[0] = x[0] + x[1]
+      x[1] = x[0] ^ ((x[1] << jnp.uint32(r)) | (x[1] >> jnp.uint32(32 - r)))
+    x[0] = x[0] + ks[(i + 1) % 3]
+    x[1] = x[1] + ks[(i + 2) % 3] + jnp.uint32(i + 1)
+  return x
+
+
+def bernoulli(key: jax.Array, p: jax.Array, bits: int = 16) -> jax.Array:
+  """Bernoulli(p) for each element of p in [0, 1], from `bits`-bit uniform integers.
+
+  Element i is true when a uniform `bits`-bit integer u_i is below
+  t_i = round(p_i · 2^bits), so P(true) = t_i / 2^bits: exactly 0 at p = 0,
+  exactly 1 at p = 1, and within 2^-(bits+1) of p_i in between (the float
+  path of `jax.random.bernoulli` compares 23-bit uniforms: within 2^-23).
+
+  The integers are cut from 32-bit words, 32 / bits elements to a word;
+  words 2j and 2j + 1 are the two halves of the Threefry-2x32 hash of the
+  counter j (JAX's default PRNG function, unrolled in `threefry2x32`), keyed
+  by two words drawn from `key`. The words are drawn in a loop of
+  `_CHUNK`-word steps, so they are materialised once: fused into an
+  element-wise consumer, XLA would hash again for every element that reads
+  a word.
+
+  Not JAX's other key implementations (jax 0.10, CPU): `philox4x32` is no
+  faster per word than this hash and its `mulhi` does not lower inside
+  `shard_map` ("Unable to convert MHLO to StableHLO"); `rbg` / `unsafe_rbg`
+  are as slow as the rolled threefry and, under `vmap` (simulated workers),
+  draw every key's bits from the first key.
+
+  Args:
+    key: a PRNG key (typed, or a raw uint32 key of the default implementation).
+    p: probabilities in [0, 1], any shape.
+    bits: 8, 16 or 32 bits per comparison.
+
+  Returns:
+    bool array of p's shape.
+  """
+  if bits not in RNG_BITS:
+    raise ValueError(f'bits must be one of {RNG_BITS}, got {bits}')
+  k0, k1 = jax.random.bits(key, (2,), jnp.uint32)
+  per = 32 // bits  # elements per word
+  flat = p.reshape(-1)
+  num_words = -(-flat.size // per)
+  half = -(-min(_CHUNK, num_words) // 2)  # blocks per step: two words each
+
+  def draw(step):
+    counter_H = step * half + lax.iota(jnp.uint32, half)
+    hi_H, lo_H = threefry2x32(k0, k1, counter_H, jnp.zeros_like(counter_H))
+    word = lax.broadcasted_iota(jnp.int32, (half, 2), 1)
+    return jnp.where(word == 0, hi_H[:, None], lo_H[:, None])  # both halves: words 2j, 2j + 1
+
+  steps = jnp.arange(-(-num_words // (2 * half)), dtype=jnp.uint32)
+  words_W = lax.map(draw, steps).reshape(-1)
+  # element i reads bits [(i % per) * bits, ...) of word i // per; p is not padded or reshaped
+  # (which would make XLA write it out once more)
+  words_N = jnp.broadcast_to(words_W[:, None], (words_W.size, per)).reshape(-1)[: flat.size]
+  if bits == 32:
+    # p * 2^32 is exact in float32, and below 1 it is at most 2^32 - 256
+    t_N = jnp.minimum(flat * 4294967296.0, 4294967040.0).astype(jnp.uint32)
+    coin_N = (words_N < t_N) | (flat >= 1)
+  else:
+    shift_N = (lax.iota(jnp.uint32, flat.size) % per) * bits
+    u_N = (words_N >> shift_N) & jnp.uint32((1 << bits) - 1)
+    coin_N = u_N < jnp.floor(flat * float(1 << bits) + 0.5).astype(jnp.uint32)
+  return coin_N.reshape(p.shape)
 
 
 def buckets(x: jax.Array, size: int | None) -> jax.Array:

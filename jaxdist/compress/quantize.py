@@ -13,7 +13,15 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from jaxdist.compress.base import Compressor, bits_for, buckets, pack_bits, unpack_bits
+from jaxdist.compress.base import (
+  RNG_BITS,
+  Compressor,
+  bernoulli,
+  bits_for,
+  buckets,
+  pack_bits,
+  unpack_bits,
+)
 
 
 def _unbucket(b: jax.Array, n: int) -> jax.Array:
@@ -32,6 +40,25 @@ def _bucket_counts(n: int, size: int | None) -> jax.Array:
 def _check_bucket(bucket_size):
   if bucket_size is not None and bucket_size < 1:
     raise ValueError(f'bucket_size must be >= 1 or None, got {bucket_size}')
+
+
+def _per_element(v: jax.Array, size: int | None, n: int) -> jax.Array:
+  """Each bucket's value in `v` repeated over the bucket's elements: [n]."""
+  if size is None or size >= n:
+    return jnp.broadcast_to(v, (n,))
+  return jnp.broadcast_to(v[:, None], (v.size, size)).reshape(-1)[:n]
+
+
+def _coins(key: jax.Array, p: jax.Array, rng_bits: int | None, size: int | None) -> jax.Array:
+  """Bernoulli(p) over the flat p; rng_bits=None: drawn as before issue 14."""
+  if rng_bits is None:  # jax.random.bernoulli over the zero-padded [buckets, size] layout
+    return _unbucket(jax.random.bernoulli(key, buckets(p, size)), p.size)
+  return bernoulli(key, p, rng_bits)
+
+
+def _check_rng_bits(rng_bits):
+  if rng_bits is not None and rng_bits not in RNG_BITS:
+    raise ValueError(f'rng_bits must be one of {RNG_BITS} or None, got {rng_bits}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +126,11 @@ class QSGD(Compressor):
   (s = 127 is "8-bit QSGD"), with one float32 norm per bucket. The paper's
   Elias coding of levels is not done (fixed-width codes keep shapes static).
 
+  The rounding coins compare `rng_bits`-bit uniform integers (`bernoulli`),
+  so the expectation is x to within 2^-(rng_bits+1) of a level step (‖x‖/s)
+  per element. `rng_bits=None` draws them as before issue 14, with
+  `jax.random.bernoulli` (threefry, 23-bit floats; 5-10x slower on the CPU).
+
   Reference: Alistarh, Grubic, Li, Tomioka, Vojnovic. QSGD:
   Communication-Efficient SGD via Gradient Quantization and Encoding.
   NeurIPS 2017. https://arxiv.org/abs/1610.02132
@@ -106,6 +138,7 @@ class QSGD(Compressor):
 
   levels: int = 127
   bucket_size: int | None = 512
+  rng_bits: int | None = 16
   name: ClassVar[str] = 'qsgd'
   unbiased: ClassVar[bool] = True
   stochastic: ClassVar[bool] = True
@@ -114,26 +147,26 @@ class QSGD(Compressor):
     if not 1 <= self.levels <= 127:
       raise ValueError(f'levels must be in [1, 127], got {self.levels}')
     _check_bucket(self.bucket_size)
+    _check_rng_bits(self.rng_bits)
 
   @property
   def bits(self) -> int:
     return bits_for(2 * self.levels + 1)
 
   def encode(self, x, state, key):
-    b = buckets(x, self.bucket_size)
-    norm = jnp.linalg.norm(b, axis=1)
-    scaled = self.levels * jnp.abs(b) / jnp.where(norm > 0, norm, 1.0)[:, None]
+    n, size = x.size, self.bucket_size
+    norm = jnp.linalg.norm(buckets(x, size), axis=1)
+    scaled = jnp.abs(x) * _per_element(self.levels / jnp.where(norm > 0, norm, 1.0), size, n)
     floor = jnp.floor(scaled)
-    level = floor + jax.random.bernoulli(key, scaled - floor)
-    code = (jnp.sign(b) * level + self.levels).astype(jnp.uint8)
-    return (norm, pack_bits(_unbucket(code, x.size), self.bits)), state
+    level = floor + _coins(key, scaled - floor, self.rng_bits, size)
+    code = (jnp.sign(x) * level + self.levels).astype(jnp.uint8)
+    return (norm, pack_bits(code, self.bits)), state
 
   def decode(self, payload, state, n):
     del state
     norm, packed = payload
     code = unpack_bits(packed, self.bits, n).astype(jnp.float32) - self.levels
-    b = buckets(code, self.bucket_size)
-    return _unbucket(b * norm[:, None] / self.levels, n)
+    return code * _per_element(norm, self.bucket_size, n) / self.levels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,31 +176,35 @@ class TernGrad(Compressor):
   Per-tensor (one bucket) by default, as the paper's layer-wise ternarising
   when used per tensor. Not done: the paper's gradient clipping at 2.5σ and
   scalar sharing (max s over workers), which would need a collective.
+  Coins as in `QSGD` (`rng_bits`): unbiased to within s·2^-(rng_bits+1).
 
   Reference: Wen et al. TernGrad: Ternary Gradients to Reduce Communication
   in Distributed Deep Learning. NeurIPS 2017. https://arxiv.org/abs/1705.07878
   """
 
   bucket_size: int | None = None
+  rng_bits: int | None = 16
   name: ClassVar[str] = 'terngrad'
   unbiased: ClassVar[bool] = True
   stochastic: ClassVar[bool] = True
 
   def __post_init__(self):
     _check_bucket(self.bucket_size)
+    _check_rng_bits(self.rng_bits)
 
   def encode(self, x, state, key):
-    b = buckets(x, self.bucket_size)
-    scale = jnp.max(jnp.abs(b), axis=1)
-    keep = jax.random.bernoulli(key, jnp.abs(b) / jnp.where(scale > 0, scale, 1.0)[:, None])
-    code = (jnp.sign(b) * keep + 1).astype(jnp.uint8)  # {-1, 0, 1} -> {0, 1, 2}
-    return (scale, pack_bits(_unbucket(code, x.size), 2)), state
+    n, size = x.size, self.bucket_size
+    b = buckets(x, size)
+    scale = jnp.maximum(jnp.max(b, axis=1), -jnp.min(b, axis=1))  # max |x|, reading x in place
+    p = jnp.abs(x) * _per_element(1 / jnp.where(scale > 0, scale, 1.0), size, n)
+    code = (jnp.sign(x) * _coins(key, p, self.rng_bits, size) + 1).astype(jnp.uint8)  # 0, 1, 2
+    return (scale, pack_bits(code, 2)), state
 
   def decode(self, payload, state, n):
     del state
     scale, packed = payload
     code = unpack_bits(packed, 2, n).astype(jnp.float32) - 1
-    return _unbucket(buckets(code, self.bucket_size) * scale[:, None], n)
+    return code * _per_element(scale, self.bucket_size, n)
 
 
 def _signs(x):
