@@ -10,7 +10,9 @@ Import the modules you need (none loads at `import jaxdist`):
   `shard_map` step, and its one-device reference;
 - `jaxdist.faults.simulate`: `train_with_failures`, training through
   injected failures on CPR's modelled clock;
-- `jaxdist.faults.report`: the table and the figure of a set of runs.
+- `jaxdist.faults.report`: the table and the figure of a set of runs;
+- `jaxdist.faults.inject`: `config.fault`'s simulated failures for the
+  data-parallel trainer (a straggling worker, a worker that drops out).
 
 The model is `jaxdist.models.dlrm`, the data `jaxdist.data.clicks`; the
 binary `experiments/cpr.py`, the notebook `notebooks/partial_recovery.py`.
