@@ -2,13 +2,33 @@ r"""Samples/s of the sharded data-parallel step against a plain single-device ji
 
 Every row trains the same model on the same global batch with plain SGD; only
 where the workers live changes: one device and no workers (the baseline), 8
-workers on 8 devices, and 8, 16 and 64 workers simulated with `vmap`, either
-all on one device or spread over the devices. Measured side by side in one
-run; each figure is the median of `--repeats` timed windows of `--steps` steps
-after a warm-up.
+workers on 8 devices, and workers simulated beyond the devices, all on one
+device or spread over all of them. Simulated workers compute their gradients
+in each of these ways (`--per_worker`), side by side in one run:
+
+  before  the step at the start of issue 14: `per_worker='vmap'` (together;
+          per-worker weights make every convolution a grouped one), compiled
+          with XLA's default options.
+  vmap    `per_worker='vmap'` compiled with the steps' `compiler_options`
+          (on the CPU: no YNNPACK reduce fusions).
+  loop    `per_worker='loop'` (one after the other, dense convolutions; what
+          `'auto'` picks on the CPU), with the same options.
+
+The baselines are compiled both ways too, and each row's ratios are taken
+against the baseline and the 8-on-8 row compiled as it is (`xla` column).
+Each figure is the median of `--repeats` timed windows of `--steps` steps after
+a warm-up, the windows of all rows taken in turns so that a change in the
+machine's load touches every row alike. Compile time is that of
+`lower(...).compile()`; memory is XLA's `compiled.memory_analysis()` of the
+program one device runs: arguments + outputs - donated + temporaries, and the
+temporaries (activations) alone.
+
+The second table is the scaling of the step with the number of workers on all
+devices (`--scaling`).
 
   python experiments/bench_step.py                       # CNN, digits-sized input
-  python experiments/bench_step.py --model=resnet20 --image=32,32,3 --batch=256
+  python experiments/bench_step.py --model=resnet20 --image=32,32,3 --batch=256 \
+      --steps=2 --repeats=3
 """
 
 import statistics
@@ -18,22 +38,45 @@ from absl import app, flags
 
 flags.DEFINE_string('model', 'cnn', 'Model name (mlp, cnn, resnet20).')
 flags.DEFINE_list('image', ['8', '8', '1'], 'Input shape H,W,C.')
-flags.DEFINE_integer('batch', 512, 'Global batch (divisible by 64).')
+flags.DEFINE_integer('batch', 512, 'Global batch (divisible by the worker counts).')
 flags.DEFINE_integer('steps', 20, 'Steps per timed window.')
 flags.DEFINE_integer('repeats', 5, 'Timed windows; the median is reported.')
 flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
-flags.DEFINE_list('workers', ['8', '16', '64'], 'Simulated worker counts.')
+flags.DEFINE_list('workers', ['8', '64'], 'Simulated worker counts (on one device and on all).')
+flags.DEFINE_list('scaling', ['8', '16', '64', '256'], 'Worker counts of the scaling table.')
+flags.DEFINE_list('per_worker', ['before', 'vmap', 'loop'], 'Ways to compare (see above).')
 FLAGS = flags.FLAGS
 
+# XLA CPU's default YNNPACK fusions (jax 0.10), to compile the 'before' rows as they were.
+XLA_DEFAULT = {
+  'xla_cpu_experimental_ynn_fusion_type': (
+    'LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION,LIBRARY_FUSION_TYPE_REDUCE'
+  )
+}
 
-def _time(run_steps) -> float:
-  run_steps()  # compile and warm up
-  windows = []
+
+def _time_together(runs: dict) -> dict:
+  """Samples/s of each `runs[key]()` (one window of steps), timed in turns."""
+  for run in runs.values():
+    run()
+  windows = {key: [] for key in runs}
   for _ in range(FLAGS.repeats):
-    start = time.perf_counter()
-    run_steps()
-    windows.append(time.perf_counter() - start)
-  return FLAGS.steps * FLAGS.batch / statistics.median(windows)
+    for key, run in runs.items():
+      start = time.perf_counter()
+      run()
+      windows[key].append(time.perf_counter() - start)
+  return {key: FLAGS.steps * FLAGS.batch / statistics.median(w) for key, w in windows.items()}
+
+
+def _compile(jitted, args, options):
+  start = time.perf_counter()
+  compiled = jitted.lower(*args).compile(options)
+  seconds = time.perf_counter() - start
+  m = compiled.memory_analysis()
+  if m is None:
+    return compiled, seconds, None, None
+  total = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+  return compiled, seconds, total + m.temp_size_in_bytes, m.temp_size_in_bytes
 
 
 def main(argv):
@@ -57,72 +100,135 @@ def main(argv):
   n_dev = len(jax.devices())
   platform = jax.devices()[0].platform
   print(f'{FLAGS.model}, input {shape}, global batch {batch}, {n_dev} {platform} device(s)')
+  options = step_lib.compiler_options(platform)
+  # Without step options (not the CPU) the 'before' program is the 'vmap' one.
+  variants = [v for v in FLAGS.per_worker if options or v != 'before']
+  xla = {'before': XLA_DEFAULT, 'vmap': None, 'loop': None}  # None: the step's own options
+  xla_name = {'before': 'default', 'vmap': 'step', 'loop': 'step'}
+  sharded_devices = min(8, n_dev)
 
-  rows = []
-  # Baseline: a plain jit of the whole global batch on one device.
-  tx = optax.sgd(0.01)
-  params, model_state = step_lib.init_params(model, jax.random.key(0), shape)
-  carry = [params, model_state, tx.init(params)]
-  reference = step_lib.make_reference_step(model, tx)
-  xd, yd = jax.device_put(x), jax.device_put(y)
+  measured, runs = {}, {}
 
-  def run_reference():
-    for _ in range(FLAGS.steps):
-      carry[0], carry[1], carry[2], loss = reference(*carry, xd, yd)
-    jax.block_until_ready(loss)
+  def baseline(variant):
+    key = ('baseline', xla_name[variant])
+    if key in measured:
+      return measured[key]
+    tx = optax.sgd(0.01)
+    params, model_state = step_lib.init_params(model, jax.random.key(0), shape)
+    carry = [params, model_state, tx.init(params)]
+    xd, yd = jax.device_put(x), jax.device_put(y)
+    reference, seconds, memory, temp = _compile(
+      step_lib.make_reference_step(model, tx), (*carry, xd, yd), xla[variant]
+    )
 
-  baseline = _time(run_reference)
-  rows.append(
-    {'layout': 'single device, plain jit', 'workers': 1, 'devices': 1, 'sim': '-', 'sps': baseline}
-  )
+    def run():
+      for _ in range(FLAGS.steps):
+        carry[0], carry[1], carry[2], loss = reference(*carry, xd, yd)
+      jax.block_until_ready(loss)
 
-  layouts = [(8, min(8, n_dev))]
-  for w in (int(w) for w in FLAGS.workers):
-    layouts += [(w, 1), (w, min(n_dev, w))]
-  seen = set()
-  for count, devices in layouts:
-    if (count, devices) in seen or batch % count:
-      continue
-    seen.add((count, devices))
+    measured[key] = {
+      'layout': 'single device, plain jit',
+      'workers': 1,
+      'devices': 1,
+      'sim': '-',
+      'per_worker': '-',
+      'xla': xla_name[variant],
+      'compile': seconds,
+      'memory': memory,
+      'temp': temp,
+    }
+    runs[key] = run
+    return measured[key]
+
+  def workers_row(count, devices, variant):
+    if count == devices and variant == 'loop':
+      variant = 'vmap'  # one worker per device: one dense program either way
+    key = (count, devices, variant)
+    if key in measured:
+      return measured[key]
     workers = jd.runtime.layout(count, devices=devices)
     tx = optax.chain(jd.sync.allreduce(axis_name=workers.axis_name), optax.sgd(0.01))
     box = [step_lib.make_init(model, tx, workers, shape)(jax.random.key(0))]
-    train_step = step_lib.make_train_step(model, tx, workers)
     xw = jax.device_put(x.reshape(count, batch // count, *shape), workers.sharding)
     yw = jax.device_put(y.reshape(count, batch // count), workers.sharding)
+    per_worker = 'loop' if variant == 'loop' else 'vmap'
+    jitted = step_lib.make_train_step(model, tx, workers, per_worker=per_worker)
+    train_step, seconds, memory, temp = _compile(jitted, (box[0], xw, yw), xla[variant])
 
-    def run_workers(box=box, train_step=train_step, xw=xw, yw=yw):
+    def run():
       for _ in range(FLAGS.steps):
         box[0], metrics = train_step(box[0], xw, yw)
       jax.block_until_ready(metrics)
 
-    sps = _time(run_workers)
     kind = 'sharded' if workers.per_device == 1 else 'simulated'
-    rows.append(
-      {
-        'layout': f'{kind}, allreduce',
-        'workers': count,
-        'devices': workers.devices,
-        'sim': workers.per_device,
-        'sps': sps,
-      }
-    )
-  for r in rows:
-    r['ratio'] = f'{r["sps"] / baseline:.2f}x'
-    r['sps'] = f'{r["sps"]:,.0f}'
-  print(
-    report.table(
-      rows,
-      [
-        ('layout', 'layout'),
-        ('workers', 'workers'),
-        ('devices', 'devices'),
-        ('sim', 'sim/device'),
-        ('sps', 'samples/s'),
-        ('ratio', 'vs single device'),
-      ],
-    )
-  )
+    measured[key] = {
+      'layout': f'{kind}, allreduce',
+      'workers': count,
+      'devices': workers.devices,
+      'sim': workers.per_device,
+      'per_worker': per_worker,
+      'xla': xla_name[variant],
+      'compile': seconds,
+      'memory': memory,
+      'temp': temp,
+    }
+    runs[key] = run
+    return measured[key]
+
+  def rows_for(count, devices):
+    if batch % count or count % devices:
+      return []
+    rows = [workers_row(count, devices, v) for v in variants]
+    return list({id(r): r for r in rows}.values())
+
+  table = [baseline(v) for v in variants]
+  table = list({id(r): r for r in table}.values())
+  table += rows_for(8, sharded_devices)
+  for w in (int(w) for w in FLAGS.workers):
+    table += rows_for(w, 1) + rows_for(w, min(n_dev, w))
+  table = list({id(r): r for r in table}.values())
+  scaling = []
+  for w in (int(w) for w in FLAGS.scaling):
+    scaling += rows_for(w, min(n_dev, w))
+
+  for key, sps in _time_together(runs).items():
+    measured[key]['sps'] = sps
+
+  def fmt(rows):
+    out = []
+    for r in rows:
+      variant = 'before' if r['xla'] == 'default' else 'vmap'
+      base = measured[('baseline', r['xla'])]
+      sharded = measured.get((8, sharded_devices, variant))
+      r = dict(r)
+      r['ratio'] = f'{r["sps"] / base["sps"]:.2f}x'
+      if sharded:
+        r['vs_sharded'] = f'{r["sps"] / sharded["sps"]:.2f}x'
+      r['sps'] = f'{r["sps"]:,.0f}'
+      r['compile'] = f'{r["compile"]:.2f}'
+      for k in ('memory', 'temp'):
+        r[k] = report.human_bytes(r[k]) if r[k] is not None else '-'
+      out.append(r)
+    return out
+
+  columns = [
+    ('layout', 'layout'),
+    ('workers', 'workers'),
+    ('devices', 'devices'),
+    ('sim', 'sim/device'),
+    ('per_worker', 'per_worker'),
+    ('xla', 'xla'),
+    ('sps', 'samples/s'),
+    ('ratio', 'vs single device'),
+    ('vs_sharded', f'vs 8 on {sharded_devices}'),
+    ('compile', 'compile s'),
+    ('memory', 'memory/device'),
+    ('temp', 'temporaries'),
+  ]
+  print(report.table(fmt(table), columns))
+  if scaling:
+    print(f'\nscaling: workers on {min(n_dev, 8)} device(s), global batch {batch}')
+    print(report.table(fmt(scaling), columns[1:]))
 
 
 if __name__ == '__main__':
