@@ -181,10 +181,10 @@ def assert_unbiased(c, x, num_keys=4000, z=5.0, bits='own'):
   [
     C.qsgd(levels=7, bucket_size=64),
     C.qsgd(levels=127),
-    C.qsgd(levels=127, rng_bits=32),
-    C.qsgd(levels=127, rng_bits=None),
+    C.with_rng_bits(C.qsgd(levels=127), 32),
+    C.with_rng_bits(C.qsgd(levels=127), None),
     C.terngrad(),
-    C.terngrad(bucket_size=100, rng_bits=8),
+    C.with_rng_bits(C.terngrad(bucket_size=100), 8),
     C.randomk(ratio=0.2),
   ],
   ids=repr,
@@ -203,9 +203,9 @@ def test_the_unbiasedness_test_catches_a_bias_of_8_bit_coins():
   """
   small = 1e-3 * np.abs(np.asarray(X[:255])) + 1e-4
   x = jnp.asarray(np.concatenate([[3.0], small]), jnp.float32)
-  assert_unbiased(C.terngrad(rng_bits=16), x)
+  assert_unbiased(C.terngrad(), x)
   with pytest.raises(AssertionError, match='summed error'):
-    assert_unbiased(C.terngrad(rng_bits=8), x, bits=16)
+    assert_unbiased(C.with_rng_bits(C.terngrad(), 8), x, bits=16)
 
 
 def test_the_unbiasedness_test_fails_on_nan():
@@ -308,8 +308,10 @@ def test_warmup_ratios_follow_dgc():
     (lambda: C.topk(k=0), 'k must be >= 1'),
     (lambda: C.powersgd(rank=0), 'rank must be >= 1, got 0'),
     (lambda: C.qsgd(levels=200), r'levels must be in \[1, 127\]'),
-    (lambda: C.qsgd(rng_bits=12), r'rng_bits must be one of \(8, 16, 32\) or None, got 12'),
-    (lambda: C.terngrad(rng_bits=64), 'rng_bits must be one of'),
+    (
+      lambda: C.with_rng_bits(C.qsgd(), 12),
+      r'rng_bits must be one of \(8, 16, 32\) or None, got 12',
+    ),
     (lambda: C.cast('int4'), 'dtype must be one of'),
     (lambda: C.dgc(ratio=0.1, sample_ratio=2.0), r'sample_ratio must be in \(0, 1\]'),
     (lambda: C.threshold(tau=-1.0, ratio=0.1), 'tau must be >= 0'),

@@ -22,7 +22,17 @@ from jaxdist.compress.base import (
   unpack_bits,
 )
 from jaxdist.compress.lowrank import PowerSGD, orthogonalize
-from jaxdist.compress.quantize import QSGD, Cast, EFSign, Identity, OneBit, Sign, TernGrad, TwoBit
+from jaxdist.compress.quantize import (
+  QSGD,
+  Cast,
+  EFSign,
+  Identity,
+  OneBit,
+  Sign,
+  TernGrad,
+  TwoBit,
+  with_rng_bits,
+)
 from jaxdist.compress.sparsify import DGC, MSTopK, RandomK, Threshold, TopK, scatter, take
 
 identity = Identity
@@ -109,4 +119,5 @@ __all__ = [
   'twobit',
   'unpack_bits',
   'warmup_ratios',
+  'with_rng_bits',
 ]

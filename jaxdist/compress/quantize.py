@@ -8,6 +8,7 @@ all-gather of it shows as a u8 all-gather in the HLO.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import ClassVar
 
 import jax
@@ -59,6 +60,23 @@ def _coins(key: jax.Array, p: jax.Array, rng_bits: int | None, size: int | None)
 def _check_rng_bits(rng_bits):
   if rng_bits is not None and rng_bits not in RNG_BITS:
     raise ValueError(f'rng_bits must be one of {RNG_BITS} or None, got {rng_bits}')
+
+
+def with_rng_bits(c: QSGD | TernGrad, rng_bits: int | None) -> QSGD | TernGrad:
+  """`c` with coins of `rng_bits` bits (8, 16 or 32), or None: as before issue 14.
+
+  The coins' width is a class attribute, not a hyper-parameter (configs do not
+  set it): this makes a subclass that overrides it, with `c`'s fields.
+  """
+  return _rng_variant(type(c), rng_bits)(
+    **{f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
+  )
+
+
+@functools.cache
+def _rng_variant(cls: type, rng_bits: int | None) -> type:
+  _check_rng_bits(rng_bits)
+  return type(f'{cls.__name__}_rng{rng_bits}', (cls,), {'rng_bits': rng_bits})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,10 +144,10 @@ class QSGD(Compressor):
   (s = 127 is "8-bit QSGD"), with one float32 norm per bucket. The paper's
   Elias coding of levels is not done (fixed-width codes keep shapes static).
 
-  The rounding coins compare `rng_bits`-bit uniform integers (`bernoulli`),
-  so the expectation is x to within 2^-(rng_bits+1) of a level step (‖x‖/s)
-  per element. `rng_bits=None` draws them as before issue 14, with
-  `jax.random.bernoulli` (threefry, 23-bit floats; 5-10x slower on the CPU).
+  The rounding coins compare 16-bit uniform integers (`bernoulli`), so the
+  expectation is x to within 2^-17 of a level step (‖x‖/s) per element;
+  `with_rng_bits` gives 8 or 32 bits, or None: `jax.random.bernoulli` as
+  before issue 14 (threefry, 23-bit floats; 5-10x slower on the CPU).
 
   Reference: Alistarh, Grubic, Li, Tomioka, Vojnovic. QSGD:
   Communication-Efficient SGD via Gradient Quantization and Encoding.
@@ -138,7 +156,7 @@ class QSGD(Compressor):
 
   levels: int = 127
   bucket_size: int | None = 512
-  rng_bits: int | None = 16
+  rng_bits: ClassVar[int | None] = 16  # see `with_rng_bits`
   name: ClassVar[str] = 'qsgd'
   unbiased: ClassVar[bool] = True
   stochastic: ClassVar[bool] = True
@@ -176,14 +194,14 @@ class TernGrad(Compressor):
   Per-tensor (one bucket) by default, as the paper's layer-wise ternarising
   when used per tensor. Not done: the paper's gradient clipping at 2.5σ and
   scalar sharing (max s over workers), which would need a collective.
-  Coins as in `QSGD` (`rng_bits`): unbiased to within s·2^-(rng_bits+1).
+  Coins as in `QSGD`: unbiased to within s·2^-17 (`with_rng_bits`).
 
   Reference: Wen et al. TernGrad: Ternary Gradients to Reduce Communication
   in Distributed Deep Learning. NeurIPS 2017. https://arxiv.org/abs/1705.07878
   """
 
   bucket_size: int | None = None
-  rng_bits: int | None = 16
+  rng_bits: ClassVar[int | None] = 16  # see `with_rng_bits`
   name: ClassVar[str] = 'terngrad'
   unbiased: ClassVar[bool] = True
   stochastic: ClassVar[bool] = True
