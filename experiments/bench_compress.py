@@ -8,6 +8,16 @@ and warm-up call of each, the functions are timed in `--rounds` interleaved
 rounds (every function once per round, in a shuffled order) and the median is
 reported, which keeps a noisy machine's drift out of the ratios.
 
+Before and after (issue 14), side by side in the same rounds: rows marked
+`before` run the implementations of commit d9014e4 (copied below: QSGD and
+TernGrad drawing their coins with `jax.random.bernoulli`, threefry; DGC with
+`lax.top_k` of the sample, an abs of x and `jnp.nonzero`); DGC's payload is
+checked equal to its `before` payload at every size. Rows `coins ...` are
+the same QSGD / TernGrad with other coin widths (`jd.compress.with_rng_bits`).
+With `--prng` a second table times the random bits alone for n elements,
+for each of JAX's key implementations and this library's `bernoulli`, and
+the verdict says which share of QSGD's and TernGrad's time the coins take.
+
 Wire columns: the payload's exact bytes, that as a fraction of the dense
 float32 vector, and the bytes each of `--workers` workers sends, relative to
 a dense ring all-reduce (2(N-1)/N · 4n): summable payloads go by ring
@@ -26,22 +36,31 @@ memory speed.
 
   python experiments/bench_compress.py
   python experiments/bench_compress.py --sizes=1000000 --rounds=30 --workers=16
+  python experiments/bench_compress.py --results=experiments/results/compress_bench.md
 """
 
 import math
 import random
 import statistics
+import sys
 import time
 
 from absl import app, flags
 
-flags.DEFINE_list('sizes', ['1000000', '10000000'], 'Vector sizes (float32 elements).')
-flags.DEFINE_integer('rounds', 20, 'Timed rounds (every function once each); median reported.')
-flags.DEFINE_integer('workers', 8, 'Workers N for the per-worker wire comparison.')
-flags.DEFINE_float('ratio', 0.01, 'Kept fraction for the sparsifiers.')
-flags.DEFINE_float('target', 3.0, 'Approximate Top-k target: at most this many memory passes.')
-flags.DEFINE_bool('keep_buffers', True, 'Keep freed buffers mapped (glibc mallopt) on Linux.')
 FLAGS = flags.FLAGS
+
+
+def _define_flags():
+  """The binary's flags (defined when run, so tests can import this file beside others)."""
+  flags.DEFINE_list('sizes', ['1000000', '10000000'], 'Vector sizes (float32 elements).')
+  flags.DEFINE_integer('rounds', 20, 'Timed rounds (every function once each); median reported.')
+  flags.DEFINE_integer('workers', 8, 'Workers N for the per-worker wire comparison.')
+  flags.DEFINE_float('ratio', 0.01, 'Kept fraction for the sparsifiers.')
+  flags.DEFINE_float('target', 3.0, 'Approximate Top-k target: at most this many memory passes.')
+  flags.DEFINE_bool('keep_buffers', True, 'Keep freed buffers mapped (glibc mallopt) on Linux.')
+  flags.DEFINE_bool('before', True, 'Also time the implementations before issue 14 (d9014e4).')
+  flags.DEFINE_bool('prng', True, "Also time the random bits alone, for each of JAX's PRNGs.")
+  flags.DEFINE_string('results', None, 'Also write the tables as markdown here, with the command.')
 
 
 def _matrix_shape(n: int) -> tuple[int, int]:
@@ -58,18 +77,97 @@ def _matrix_shape(n: int) -> tuple[int, int]:
   return min((rows, n // rows), (n // rows, rows), key=lambda s: abs(s[0] - math.sqrt(n)))
 
 
-def _candidates(jd, n: int, tau: float, ratio: float):
-  """(label, compressor) pairs; the sparsifiers at `ratio`."""
+def _before_classes(jd):
+  """QSGD, TernGrad and DGC as at commit d9014e4 (before issue 14), for side-by-side rows."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+
   c = jd.compress
-  return [
+  from jaxdist.compress.sparsify import _gather
+
+  def unbucket(b, n):
+    return b.reshape(-1)[:n]
+
+  class QSGDBefore(c.QSGD):
+    def encode(self, x, state, key):
+      b = c.buckets(x, self.bucket_size)
+      norm = jnp.linalg.norm(b, axis=1)
+      scaled = self.levels * jnp.abs(b) / jnp.where(norm > 0, norm, 1.0)[:, None]
+      floor = jnp.floor(scaled)
+      level = floor + jax.random.bernoulli(key, scaled - floor)
+      code = (jnp.sign(b) * level + self.levels).astype(jnp.uint8)
+      return (norm, c.pack_bits(unbucket(code, x.size), self.bits)), state
+
+    def decode(self, payload, state, n):
+      norm, packed = payload
+      code = c.unpack_bits(packed, self.bits, n).astype(jnp.float32) - self.levels
+      return unbucket(c.buckets(code, self.bucket_size) * norm[:, None] / self.levels, n)
+
+  class TernGradBefore(c.TernGrad):
+    def encode(self, x, state, key):
+      b = c.buckets(x, self.bucket_size)
+      scale = jnp.max(jnp.abs(b), axis=1)
+      keep = jax.random.bernoulli(key, jnp.abs(b) / jnp.where(scale > 0, scale, 1.0)[:, None])
+      code = (jnp.sign(b) * keep + 1).astype(jnp.uint8)
+      return (scale, c.pack_bits(unbucket(code, x.size), 2)), state
+
+    def decode(self, payload, state, n):
+      scale, packed = payload
+      code = c.unpack_bits(packed, 2, n).astype(jnp.float32) - 1
+      return unbucket(c.buckets(code, self.bucket_size) * scale[:, None], n)
+
+  def compact(mask, k, offset=0):
+    n = mask.size
+    rolled = jnp.roll(mask, -offset)
+    (pos,) = jnp.nonzero(rolled, size=k, fill_value=0)
+    valid = jnp.arange(k) < jnp.sum(rolled)
+    return jnp.where(valid, (pos + offset) % n, n).astype(jnp.int32), valid
+
+  class DGCBefore(c.DGC):
+    def encode(self, x, state, key):
+      n, k = x.size, self.kept(x.size)
+      sample_key, start_key = jax.random.split(key)
+      s = min(n, max(self.min_sample, min(self.max_sample, int(n * self.sample_ratio))))
+      sample = jnp.abs(x[jax.random.randint(sample_key, (s,), 0, n)])
+      threshold = lax.top_k(sample, max(1, round(s * k / n)))[0][-1]
+      bins = min(n, self.bins_per_k * k)
+      width = -(-n // bins)
+      a = jnp.pad(jnp.abs(x), (0, bins * width - n), constant_values=-1.0).reshape(bins, width)
+      largest = jnp.max(a, axis=1)
+      chosen, valid = compact(largest >= threshold, k, jax.random.randint(start_key, (), 0, bins))
+      rows = a.at[chosen].get(mode='fill', fill_value=-1.0)
+      top = largest.at[chosen].get(mode='fill', fill_value=-2.0)
+      at = jnp.min(
+        jnp.where(rows == top[:, None], jnp.arange(width, dtype=jnp.int32), width), axis=1
+      )
+      return _gather(x, chosen * width + at, valid), state
+
+  return QSGDBefore, TernGradBefore, DGCBefore
+
+
+def _candidates(jd, tau: float, ratio: float, before: bool):
+  """(label, compressor) pairs; the sparsifiers at `ratio`; `before` rows after their own."""
+  c = jd.compress
+  qsgd_before, terngrad_before, dgc_before = _before_classes(jd)
+  out = [
     ('topk (exact)', c.topk(ratio=ratio)),
     ('mstopk', c.mstopk(ratio=ratio)),
     ('dgc', c.dgc(ratio=ratio)),
+    ('dgc before', dgc_before(ratio=ratio)),
     ('randomk', c.randomk(ratio=ratio)),
     (f'threshold (tau={tau:.3g})', c.threshold(tau=tau, ratio=ratio)),
     ('qsgd(127)', c.qsgd(levels=127)),
+    ('qsgd(127) before', qsgd_before(levels=127)),
+    ('qsgd(127) coins 8-bit', c.with_rng_bits(c.qsgd(levels=127), 8)),
+    ('qsgd(127) coins 32-bit', c.with_rng_bits(c.qsgd(levels=127), 32)),
+    ('qsgd(127) coins jax.random.bernoulli', c.with_rng_bits(c.qsgd(levels=127), None)),
     ('qsgd(7)', c.qsgd(levels=7)),
+    ('qsgd(7) before', qsgd_before(levels=7)),
     ('terngrad', c.terngrad()),
+    ('terngrad before', terngrad_before()),
+    ('terngrad coins 8-bit', c.with_rng_bits(c.terngrad(), 8)),
+    ('terngrad coins 32-bit', c.with_rng_bits(c.terngrad(), 32)),
     ('sign', c.sign()),
     ('ef_sign', c.ef_sign()),
     ('onebit', c.onebit()),
@@ -78,6 +176,54 @@ def _candidates(jd, n: int, tau: float, ratio: float):
     ('powersgd rank 2', c.powersgd(rank=2)),
     ('identity', c.identity()),
   ]
+  if not before:
+    out = [(label, comp) for label, comp in out if 'before' not in label and 'coins' not in label]
+  return out
+
+
+# JAX's key implementations, timed drawing n 32-bit words, with what stops their use here
+_PRNG_NOTES = {
+  'threefry2x32': "JAX's default; on the CPU a 5-step loop over full-size temporaries",
+  'threefry4x32': '',
+  'philox4x32': 'mulhi fails to lower inside shard_map (jax 0.10)',
+  'philox2x32': '32-bit keys',
+  'rbg': 'under vmap, every key draws from the first key',
+  'unsafe_rbg': 'under vmap, every key draws from the first key',
+}
+
+
+def _prng_functions(jd, n: int):
+  """(label, function of (p, key), note): coins or bits for n elements, each way."""
+  import jax
+  import jax.numpy as jnp
+
+  def bits_with(impl):
+    words = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl))).shape[0]
+
+    def draw(p, key):
+      k = (
+        key
+        if impl == 'threefry2x32'
+        else jax.random.wrap_key_data(jax.random.bits(key, (words,), jnp.uint32), impl=impl)
+      )
+      return jax.random.bits(k, p.shape, jnp.uint32)
+
+    return draw
+
+  before = lambda p, key: jax.random.bernoulli(key, p)
+  out = [('coins: jax.random.bernoulli (threefry; before)', before, '23-bit floats')]
+  for impl, note in _PRNG_NOTES.items():
+    out.append((f'bits: jax.random.bits, {impl}', bits_with(impl), note))
+  for b in jd.compress.RNG_BITS:
+    default = ' (default)' if b == jd.compress.qsgd.rng_bits else ''
+    out.append(
+      (
+        f'coins: jd.compress.bernoulli {b}-bit{default}',
+        lambda p, key, b=b: jd.compress.bernoulli(key, p, b),
+        'threefry2x32 unrolled, 64 bits a hash',
+      )
+    )
+  return out
 
 
 def _keep_buffers() -> str:
@@ -92,6 +238,29 @@ def _keep_buffers() -> str:
   libc.mallopt(m_mmap_threshold, 1 << 30)
   libc.mallopt(m_trim_threshold, (1 << 31) - 1)
   return 'allocator: freed buffers kept mapped (mallopt)'
+
+
+def _time(funcs, rounds: int, seed: int) -> dict:
+  """label -> list of seconds per call: every function once per round, shuffled order."""
+  import jax
+
+  times = {label: [] for label in funcs}
+  order = list(funcs)
+  shuffle = random.Random(seed)
+  for _ in range(rounds):
+    shuffle.shuffle(order)
+    for label in order:
+      fn, args = funcs[label][:2]
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times[label].append(time.perf_counter() - start)
+  return times
+
+
+def _summary(ts):
+  med = statistics.median(ts)
+  q1, _, q3 = statistics.quantiles(ts, n=4) if len(ts) > 1 else (med, med, med)
+  return med * 1e3, (q3 - q1) / med
 
 
 def main(argv):
@@ -115,8 +284,8 @@ def main(argv):
     f'{allocator}'
   )
 
-  rows = []
-  approx_ratio = {}
+  rows, prng_rows, notes = [], [], []
+  ms_of = {}  # (n, label) -> median ms
   for n in (int(s) for s in FLAGS.sizes):
     x_np = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
     tau = float(np.percentile(np.abs(x_np), 99))
@@ -125,7 +294,7 @@ def main(argv):
 
     # name -> (jitted function, args, row); the row is None for the baseline
     funcs = {'memory pass (jnp.copy)': (jax.jit(jnp.copy), (x,), None)}
-    for label, c in _candidates(jd, n, tau, FLAGS.ratio):
+    for label, c in _candidates(jd, tau, FLAGS.ratio, FLAGS.before):
       row = {'name': label, 'n': f'{n:,}'}
       if isinstance(c, jd.compress.PowerSGD):
         r, cols = _matrix_shape(n)
@@ -162,6 +331,22 @@ def main(argv):
         row['vs_artopk'] = f'{artopk / (ring * dense):.4g}x'
       funcs[label] = (fn, args, row)
 
+    if FLAGS.before:  # the new DGC must send what the old one sent
+      dgcs = dict(_candidates(jd, tau, FLAGS.ratio, True))
+      payloads = [
+        jax.jit(lambda v, k, c=dgcs[name], n=n: c.encode(v, c.init(n), k)[0])(x, key)
+        for name in ('dgc', 'dgc before')
+      ]
+      same = all(np.array_equal(a, b) for a, b in zip(*payloads, strict=True))
+      notes.append(f'n={n:,}: dgc payload equals dgc before: {"yes" if same else "NO"}')
+      print(notes[-1])
+
+    if FLAGS.prng:
+      p = jax.device_put(np.random.default_rng(1).random(n, dtype=np.float32))
+      for label, draw, note in _prng_functions(jd, n):
+        row = {'name': label, 'n': f'{n:,}', 'note': note}
+        funcs[f'prng: {label}'] = (jax.jit(draw), (p, key), row)
+
     # Compile and warm up (twice: the first call also compiles).
     failed = []
     for label, (fn, args, row) in funcs.items():
@@ -173,27 +358,12 @@ def main(argv):
         print(f'n={n:,}: {label} failed: {type(e).__name__}: {e}'.splitlines()[0])
         if row is not None:
           row['ms'] = f'failed ({type(e).__name__})'
-          rows.append(row)
+          (prng_rows if label.startswith('prng: ') else rows).append(row)
     for label in failed:
       del funcs[label]
 
-    times = {label: [] for label in funcs}
-    order = list(funcs)
-    shuffle = random.Random(n)
-    for _ in range(FLAGS.rounds):
-      shuffle.shuffle(order)
-      for label in order:
-        fn, args, _ = funcs[label]
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times[label].append(time.perf_counter() - start)
-
-    def summary(ts):
-      med = statistics.median(ts)
-      q1, _, q3 = statistics.quantiles(ts, n=4) if len(ts) > 1 else (med, med, med)
-      return med * 1e3, (q3 - q1) / med
-
-    base_ms, base_spread = summary(times['memory pass (jnp.copy)'])
+    times = _time(funcs, FLAGS.rounds, seed=n)
+    base_ms, base_spread = _summary(times['memory pass (jnp.copy)'])
     rows.append(
       {
         'name': 'memory pass (jnp.copy)',
@@ -209,43 +379,88 @@ def main(argv):
     for label, (_, _, row) in funcs.items():
       if row is None:
         continue
-      ms, spread = summary(times[label])
+      ms, spread = _summary(times[label])
+      ms_of[(n, label)] = ms
       row.update(ms=f'{ms:.3f}', spread=f'{100 * spread:.0f}%', vs_copy=f'{ms / base_ms:.2f}x')
-      rows.append(row)
-      if label in ('mstopk', 'dgc'):
-        approx_ratio[(n, label)] = ms / base_ms
+      (prng_rows if label.startswith('prng: ') else rows).append(row)
 
-  print(
-    report.table(
-      rows,
-      [
-        ('name', 'compressor'),
-        ('n', 'n'),
-        ('ms', 'ms (median)'),
-        ('spread', 'IQR/median'),
-        ('vs_copy', 'vs memory pass'),
-        ('wire', 'wire bytes'),
-        ('frac', 'of dense'),
-        ('via', 'sent by'),
-        ('vs_ar', f'vs dense ring AR (N={n_workers})'),
-        ('vs_artopk', 'AR-Top-k vs dense ring AR'),
-      ],
-    )
-  )
+  columns = [
+    ('name', 'compressor'),
+    ('n', 'n'),
+    ('ms', 'ms (median)'),
+    ('spread', 'IQR/median'),
+    ('vs_copy', 'vs memory pass'),
+    ('wire', 'wire bytes'),
+    ('frac', 'of dense'),
+    ('via', 'sent by'),
+    ('vs_ar', f'vs dense ring AR (N={n_workers})'),
+    ('vs_artopk', 'AR-Top-k vs dense ring AR'),
+  ]
+  prng_columns = [
+    ('name', 'random bits for n elements'),
+    ('n', 'n'),
+    ('ms', 'ms (median)'),
+    ('spread', 'IQR/median'),
+    ('vs_copy', 'vs memory pass'),
+    ('note', 'note'),
+  ]
+  print(report.table(rows, columns))
+  if prng_rows:
+    print()
+    print(report.table(prng_rows, prng_columns))
 
   largest = max(int(s) for s in FLAGS.sizes)
-  found = {name: r for (n, name), r in approx_ratio.items() if n == largest}
-  if found:
+  verdicts = []
+  found = {s: ms_of[(largest, s)] for s in ('mstopk', 'dgc') if (largest, s) in ms_of}
+  copy_ms = next(
+    (float(r['ms']) for r in rows if r['name'].startswith('memory') and r['n'] == f'{largest:,}'),
+    None,
+  )
+  if found and copy_ms:
     name = min(found, key=found.get)
-    verdict = 'met' if found[name] <= FLAGS.target else 'not met'
-    print(
+    ratio = found[name] / copy_ms
+    verdict = 'met' if ratio <= FLAGS.target else 'not met'
+    line = (
       f'target: approximate top-k within {FLAGS.target:g}x of a memory pass at {largest:,}: '
-      f'{name} {found[name]:.2f}x -> {verdict}'
+      f'{name} {ratio:.2f}x -> {verdict}'
     )
+    if (largest, 'dgc before') in ms_of:
+      line += f' (dgc before: {ms_of[(largest, "dgc before")] / copy_ms:.2f}x)'
   else:
-    print(f'target: no approximate top-k (mstopk, dgc) ran at {largest:,} -> not met')
+    line = f'target: no approximate top-k (mstopk, dgc) ran at {largest:,} -> not met'
+  verdicts.append(line)
+  coins_new = ms_of.get((largest, 'prng: coins: jd.compress.bernoulli 16-bit (default)'))
+  coins_old = ms_of.get((largest, 'prng: coins: jax.random.bernoulli (threefry; before)'))
+  if coins_new and coins_old:
+    parts = []
+    for name in ('qsgd(127)', 'terngrad'):
+      if (largest, name) in ms_of and (largest, f'{name} before') in ms_of:
+        new, old = ms_of[(largest, name)], ms_of[(largest, f'{name} before')]
+        parts.append(
+          f'{name} {new:.3g} ms, coins {coins_new:.3g} ms = {coins_new / new:.0%} '
+          f'(before {old:.3g} ms, coins {coins_old:.3g} ms = {min(coins_old / old, 1):.0%})'
+        )
+    if parts:
+      dominant = any(coins_new / ms_of[(largest, s)] > 0.5 for s in ('qsgd(127)', 'terngrad'))
+      verdicts.append(
+        f'target (random bits no longer dominant) at {largest:,}: '
+        + '; '.join(parts)
+        + f' -> {"not met" if dominant else "met"}'
+      )
+  for line in verdicts:
+    print(line)
   print(f'total time {time.perf_counter() - started:.0f} s')
+
+  if FLAGS.results:
+    command = ' '.join(['python', *sys.argv])
+    text = [report.provenance(command), '', report.markdown(rows, columns), '']
+    if prng_rows:
+      text += [report.markdown(prng_rows, prng_columns), '']
+    text += [f'- {line}' for line in notes + verdicts]
+    with open(FLAGS.results, 'w') as f:
+      f.write('\n'.join(text) + '\n')
 
 
 if __name__ == '__main__':
+  _define_flags()
   app.run(main)

@@ -1,0 +1,68 @@
+"""experiments/bench_compress.py: --results writes the tables; DGC sends what it sent before."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxdist as jd
+
+from conftest import REPO
+
+SCRIPT = os.path.join(REPO, 'experiments', 'bench_compress.py')
+
+
+def load():
+  spec = importlib.util.spec_from_file_location('bench_compress', SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.parametrize('n', [7, 1000, 4099])
+@pytest.mark.parametrize('kind', ['normal', 'ties', 'zeros'])
+def test_dgc_sends_what_it_sent_before_issue_14(n, kind):
+  """The faster encode (bisection, prefix-sum compaction) keeps d9014e4's payload exactly."""
+  rng = np.random.default_rng(n)
+  x = {
+    'normal': rng.standard_normal(n),
+    'ties': np.round(rng.standard_normal(n) * 2),  # many equal |x|, within and across bins
+    'zeros': np.zeros(n),
+  }[kind]
+  x = jnp.asarray(x, jnp.float32)
+  _, _, dgc_before = load()._before_classes(jd)
+  for kw in (dict(ratio=0.05), dict(k=3), dict(ratio=0.02, bins_per_k=3)):
+    new, old = jd.compress.dgc(**kw), dgc_before(**kw)
+    for seed in range(3):
+      key = jax.random.key(seed)
+      got, want = new.encode(x, (), key)[0], old.encode(x, (), key)[0]
+      for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=f'{kw}, seed {seed}')
+
+
+def test_results_file_is_written_at_tiny_sizes(tmp_path):
+  out = tmp_path / 'compress_bench.md'
+  proc = subprocess.run(
+    [sys.executable, SCRIPT, '--sizes=512', '--rounds=1', f'--results={out}'],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    env=dict(os.environ, PYTHONPATH=REPO),
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  text = out.read_text()
+  assert text.startswith('Command: `python ') and 'bench_compress.py --sizes=512' in text
+  assert '; machine: ' in text.splitlines()[0] and '; date: ' in text.splitlines()[0]
+  assert '| compressor | n | ms (median) |' in text
+  for row in ('| qsgd(127) before | 512 |', '| dgc before | 512 |', '| terngrad | 512 |'):
+    assert row in text
+  assert '| random bits for n elements |' in text
+  assert '| coins: jd.compress.bernoulli 16-bit (default) | 512 |' in text
+  assert '- n=512: dgc payload equals dgc before: yes' in text
+  assert '- target: approximate top-k within 3x of a memory pass at 512: ' in text
+  assert '- target (random bits no longer dominant) at 512: qsgd(127) ' in text
