@@ -13,10 +13,12 @@ Before and after (issue 14), side by side in the same rounds: rows marked
 TernGrad drawing their coins with `jax.random.bernoulli`, threefry; DGC with
 `lax.top_k` of the sample, an abs of x and `jnp.nonzero`); DGC's payload is
 checked equal to its `before` payload at every size. Rows `coins ...` are
-the same QSGD / TernGrad with other coin widths (`jd.compress.with_rng_bits`).
-With `--prng` a second table times the random bits alone for n elements,
-for each of JAX's key implementations and this library's `bernoulli`, and
-the verdict says which share of QSGD's and TernGrad's time the coins take.
+the same QSGD / TernGrad with other coin widths (`jd.compress.with_rng_bits`),
+and rows `no coins (rounded)` the same work with the coins replaced by
+rounding half up (biased; timed only): the coins' share of QSGD's and
+TernGrad's time is one minus the ratio, now and before. With `--prng` a
+second table times the random bits alone for n elements (read p, write the
+coins), for each of JAX's key implementations and `jd.compress.bernoulli`.
 
 Wire columns: the payload's exact bytes, that as a fraction of the dense
 float32 vector, and the bytes each of `--workers` workers sends, relative to
@@ -90,12 +92,15 @@ def _before_classes(jd):
     return b.reshape(-1)[:n]
 
   class QSGDBefore(c.QSGD):
+    def coins(self, key, p):
+      return jax.random.bernoulli(key, p)
+
     def encode(self, x, state, key):
       b = c.buckets(x, self.bucket_size)
       norm = jnp.linalg.norm(b, axis=1)
       scaled = self.levels * jnp.abs(b) / jnp.where(norm > 0, norm, 1.0)[:, None]
       floor = jnp.floor(scaled)
-      level = floor + jax.random.bernoulli(key, scaled - floor)
+      level = floor + self.coins(key, scaled - floor)
       code = (jnp.sign(b) * level + self.levels).astype(jnp.uint8)
       return (norm, c.pack_bits(unbucket(code, x.size), self.bits)), state
 
@@ -105,10 +110,13 @@ def _before_classes(jd):
       return unbucket(c.buckets(code, self.bucket_size) * norm[:, None] / self.levels, n)
 
   class TernGradBefore(c.TernGrad):
+    def coins(self, key, p):
+      return jax.random.bernoulli(key, p)
+
     def encode(self, x, state, key):
       b = c.buckets(x, self.bucket_size)
       scale = jnp.max(jnp.abs(b), axis=1)
-      keep = jax.random.bernoulli(key, jnp.abs(b) / jnp.where(scale > 0, scale, 1.0)[:, None])
+      keep = self.coins(key, jnp.abs(b) / jnp.where(scale > 0, scale, 1.0)[:, None])
       code = (jnp.sign(b) * keep + 1).astype(jnp.uint8)
       return (scale, c.pack_bits(unbucket(code, x.size), 2)), state
 
@@ -150,6 +158,8 @@ def _candidates(jd, tau: float, ratio: float, before: bool):
   """(label, compressor) pairs; the sparsifiers at `ratio`; `before` rows after their own."""
   c = jd.compress
   qsgd_before, terngrad_before, dgc_before = _before_classes(jd)
+  # the same work with the coins replaced by rounding half up: what the coins cost is the rest
+  rounded = lambda cls: type(f'{cls.__name__}Rounded', (cls,), {'coins': lambda _, k, p: p >= 0.5})
   out = [
     ('topk (exact)', c.topk(ratio=ratio)),
     ('mstopk', c.mstopk(ratio=ratio)),
@@ -162,12 +172,16 @@ def _candidates(jd, tau: float, ratio: float, before: bool):
     ('qsgd(127) coins 8-bit', c.with_rng_bits(c.qsgd(levels=127), 8)),
     ('qsgd(127) coins 32-bit', c.with_rng_bits(c.qsgd(levels=127), 32)),
     ('qsgd(127) coins jax.random.bernoulli', c.with_rng_bits(c.qsgd(levels=127), None)),
+    ('qsgd(127) no coins (rounded)', rounded(c.QSGD)(levels=127)),
+    ('qsgd(127) before, no coins (rounded)', rounded(qsgd_before)(levels=127)),
     ('qsgd(7)', c.qsgd(levels=7)),
     ('qsgd(7) before', qsgd_before(levels=7)),
     ('terngrad', c.terngrad()),
     ('terngrad before', terngrad_before()),
     ('terngrad coins 8-bit', c.with_rng_bits(c.terngrad(), 8)),
     ('terngrad coins 32-bit', c.with_rng_bits(c.terngrad(), 32)),
+    ('terngrad no coins (rounded)', rounded(c.TernGrad)()),
+    ('terngrad before, no coins (rounded)', rounded(terngrad_before)()),
     ('sign', c.sign()),
     ('ef_sign', c.ef_sign()),
     ('onebit', c.onebit()),
@@ -429,24 +443,23 @@ def main(argv):
   else:
     line = f'target: no approximate top-k (mstopk, dgc) ran at {largest:,} -> not met'
   verdicts.append(line)
-  coins_new = ms_of.get((largest, 'prng: coins: jd.compress.bernoulli 16-bit (default)'))
-  coins_old = ms_of.get((largest, 'prng: coins: jax.random.bernoulli (threefry; before)'))
-  if coins_new and coins_old:
-    parts = []
-    for name in ('qsgd(127)', 'terngrad'):
-      if (largest, name) in ms_of and (largest, f'{name} before') in ms_of:
-        new, old = ms_of[(largest, name)], ms_of[(largest, f'{name} before')]
-        parts.append(
-          f'{name} {new:.3g} ms, coins {coins_new:.3g} ms = {coins_new / new:.0%} '
-          f'(before {old:.3g} ms, coins {coins_old:.3g} ms = {min(coins_old / old, 1):.0%})'
-        )
-    if parts:
-      dominant = any(coins_new / ms_of[(largest, s)] > 0.5 for s in ('qsgd(127)', 'terngrad'))
-      verdicts.append(
-        f'target (random bits no longer dominant) at {largest:,}: '
-        + '; '.join(parts)
-        + f' -> {"not met" if dominant else "met"}'
+  parts, dominant = [], False
+  for name in ('qsgd(127)', 'terngrad'):
+    got = [ms_of.get((largest, f'{name}{s}')) for s in ('', ' no coins (rounded)')]
+    was = [ms_of.get((largest, f'{name}{s}')) for s in (' before', ' before, no coins (rounded)')]
+    if all(got + was):
+      share, share_was = 1 - got[1] / got[0], 1 - was[1] / was[0]
+      dominant |= share > 0.5
+      parts.append(
+        f'{name} {got[0]:.3g} ms, {got[1]:.3g} ms without coins: coins {share:.0%} '
+        f'(before {was[0]:.3g} ms, {was[1]:.3g} ms without: {share_was:.0%})'
       )
+  if parts:
+    verdicts.append(
+      f'target (random bits no longer dominant, i.e. under half the time) at {largest:,}: '
+      + '; '.join(parts)
+      + f' -> {"not met" if dominant else "met"}'
+    )
   for line in verdicts:
     print(line)
   print(f'total time {time.perf_counter() - started:.0f} s')

@@ -65,4 +65,7 @@ def test_results_file_is_written_at_tiny_sizes(tmp_path):
   assert '| coins: jd.compress.bernoulli 16-bit (default) | 512 |' in text
   assert '- n=512: dgc payload equals dgc before: yes' in text
   assert '- target: approximate top-k within 3x of a memory pass at 512: ' in text
-  assert '- target (random bits no longer dominant) at 512: qsgd(127) ' in text
+  assert (
+    '- target (random bits no longer dominant, i.e. under half the time) at 512: qsgd(127) ' in text
+  )
+  assert '| qsgd(127) no coins (rounded) | 512 |' in text

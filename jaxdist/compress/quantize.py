@@ -50,7 +50,7 @@ def _per_element(v: jax.Array, size: int | None, n: int) -> jax.Array:
   return jnp.broadcast_to(v[:, None], (v.size, size)).reshape(-1)[:n]
 
 
-def _coins(key: jax.Array, p: jax.Array, rng_bits: int | None, size: int | None) -> jax.Array:
+def _draw(key: jax.Array, p: jax.Array, rng_bits: int | None, size: int | None) -> jax.Array:
   """Bernoulli(p) over the flat p; rng_bits=None: drawn as before issue 14."""
   if rng_bits is None:  # jax.random.bernoulli over the zero-padded [buckets, size] layout
     return _unbucket(jax.random.bernoulli(key, buckets(p, size)), p.size)
@@ -171,12 +171,16 @@ class QSGD(Compressor):
   def bits(self) -> int:
     return bits_for(2 * self.levels + 1)
 
+  def coins(self, key: jax.Array, p: jax.Array) -> jax.Array:
+    """The rounding coins: Bernoulli(p) for the flat p, `rng_bits` bits each."""
+    return _draw(key, p, self.rng_bits, self.bucket_size)
+
   def encode(self, x, state, key):
     n, size = x.size, self.bucket_size
     norm = jnp.linalg.norm(buckets(x, size), axis=1)
     scaled = jnp.abs(x) * _per_element(self.levels / jnp.where(norm > 0, norm, 1.0), size, n)
     floor = jnp.floor(scaled)
-    level = floor + _coins(key, scaled - floor, self.rng_bits, size)
+    level = floor + self.coins(key, scaled - floor)
     code = (jnp.sign(x) * level + self.levels).astype(jnp.uint8)
     return (norm, pack_bits(code, self.bits)), state
 
@@ -210,12 +214,16 @@ class TernGrad(Compressor):
     _check_bucket(self.bucket_size)
     _check_rng_bits(self.rng_bits)
 
+  def coins(self, key: jax.Array, p: jax.Array) -> jax.Array:
+    """The rounding coins: Bernoulli(p) for the flat p, `rng_bits` bits each."""
+    return _draw(key, p, self.rng_bits, self.bucket_size)
+
   def encode(self, x, state, key):
     n, size = x.size, self.bucket_size
     b = buckets(x, size)
     scale = jnp.maximum(jnp.max(b, axis=1), -jnp.min(b, axis=1))  # max |x|, reading x in place
     p = jnp.abs(x) * _per_element(1 / jnp.where(scale > 0, scale, 1.0), size, n)
-    code = (jnp.sign(x) * _coins(key, p, self.rng_bits, size) + 1).astype(jnp.uint8)  # 0, 1, 2
+    code = (jnp.sign(x) * self.coins(key, p) + 1).astype(jnp.uint8)  # 0, 1, 2
     return (scale, pack_bits(code, 2)), state
 
   def decode(self, payload, state, n):
