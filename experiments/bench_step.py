@@ -4,18 +4,15 @@ Every row trains the same model on the same global batch with plain SGD; only
 where the workers live changes: one device and no workers (the baseline), 8
 workers on 8 devices, and workers simulated beyond the devices, all on one
 device or spread over all of them. Simulated workers compute their gradients
-in each of these ways (`--per_worker`), side by side in one run:
+each way of `make_train_step(per_worker=...)` (`--per_worker`), side by side in
+one run:
 
-  before  the step at the start of issue 14: `per_worker='vmap'` (together;
-          per-worker weights make every convolution a grouped one), compiled
-          with XLA's default options.
-  vmap    `per_worker='vmap'` compiled with the steps' `compiler_options`
-          (on the CPU: no YNNPACK reduce fusions).
-  loop    `per_worker='loop'` (one after the other, dense convolutions; what
-          `'auto'` picks on the CPU), with the same options.
+  vmap  together, as the step did at the start of issue 14: per-worker weights
+        make every convolution a grouped one.
+  loop  one after the other (`lax.map`), dense convolutions; on the CPU with
+        the convolutions in Eigen's layout and the sums over workers written
+        as dots. What `'auto'` picks on the CPU.
 
-The baselines are compiled both ways too, and each row's ratios are taken
-against the baseline and the 8-on-8 row compiled as it is (`xla` column).
 Each figure is the median of `--repeats` timed windows of `--steps` steps after
 a warm-up, the windows of all rows taken in turns so that a change in the
 machine's load touches every row alike. Compile time is that of
@@ -44,15 +41,8 @@ flags.DEFINE_integer('repeats', 5, 'Timed windows; the median is reported.')
 flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
 flags.DEFINE_list('workers', ['8', '64'], 'Simulated worker counts (on one device and on all).')
 flags.DEFINE_list('scaling', ['8', '16', '64', '256'], 'Worker counts of the scaling table.')
-flags.DEFINE_list('per_worker', ['before', 'vmap', 'loop'], 'Ways to compare (see above).')
+flags.DEFINE_list('per_worker', ['vmap', 'loop'], 'Ways to compare (see above).')
 FLAGS = flags.FLAGS
-
-# XLA CPU's default YNNPACK fusions (jax 0.10), to compile the 'before' rows as they were.
-XLA_DEFAULT = {
-  'xla_cpu_experimental_ynn_fusion_type': (
-    'LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION,LIBRARY_FUSION_TYPE_REDUCE'
-  )
-}
 
 
 def _time_together(runs: dict) -> dict:
@@ -68,9 +58,9 @@ def _time_together(runs: dict) -> dict:
   return {key: FLAGS.steps * FLAGS.batch / statistics.median(w) for key, w in windows.items()}
 
 
-def _compile(jitted, args, options):
+def _compile(jitted, args):
   start = time.perf_counter()
-  compiled = jitted.lower(*args).compile(options)
+  compiled = jitted.lower(*args).compile()
   seconds = time.perf_counter() - start
   m = compiled.memory_analysis()
   if m is None:
@@ -100,25 +90,17 @@ def main(argv):
   n_dev = len(jax.devices())
   platform = jax.devices()[0].platform
   print(f'{FLAGS.model}, input {shape}, global batch {batch}, {n_dev} {platform} device(s)')
-  options = step_lib.compiler_options(platform)
-  # Without step options (not the CPU) the 'before' program is the 'vmap' one.
-  variants = [v for v in FLAGS.per_worker if options or v != 'before']
-  xla = {'before': XLA_DEFAULT, 'vmap': None, 'loop': None}  # None: the step's own options
-  xla_name = {'before': 'default', 'vmap': 'step', 'loop': 'step'}
   sharded_devices = min(8, n_dev)
 
   measured, runs = {}, {}
 
-  def baseline(variant):
-    key = ('baseline', xla_name[variant])
-    if key in measured:
-      return measured[key]
+  def baseline():
     tx = optax.sgd(0.01)
     params, model_state = step_lib.init_params(model, jax.random.key(0), shape)
     carry = [params, model_state, tx.init(params)]
     xd, yd = jax.device_put(x), jax.device_put(y)
     reference, seconds, memory, temp = _compile(
-      step_lib.make_reference_step(model, tx), (*carry, xd, yd), xla[variant]
+      step_lib.make_reference_step(model, tx), (*carry, xd, yd)
     )
 
     def run():
@@ -126,24 +108,23 @@ def main(argv):
         carry[0], carry[1], carry[2], loss = reference(*carry, xd, yd)
       jax.block_until_ready(loss)
 
-    measured[key] = {
+    measured['baseline'] = {
       'layout': 'single device, plain jit',
       'workers': 1,
       'devices': 1,
       'sim': '-',
       'per_worker': '-',
-      'xla': xla_name[variant],
       'compile': seconds,
       'memory': memory,
       'temp': temp,
     }
-    runs[key] = run
-    return measured[key]
+    runs['baseline'] = run
+    return measured['baseline']
 
-  def workers_row(count, devices, variant):
-    if count == devices and variant == 'loop':
-      variant = 'vmap'  # one worker per device: one dense program either way
-    key = (count, devices, variant)
+  def workers_row(count, devices, per_worker):
+    if count == devices:
+      per_worker = 'vmap'  # one worker per device: one dense program either way
+    key = (count, devices, per_worker)
     if key in measured:
       return measured[key]
     workers = jd.runtime.layout(count, devices=devices)
@@ -151,9 +132,8 @@ def main(argv):
     box = [step_lib.make_init(model, tx, workers, shape)(jax.random.key(0))]
     xw = jax.device_put(x.reshape(count, batch // count, *shape), workers.sharding)
     yw = jax.device_put(y.reshape(count, batch // count), workers.sharding)
-    per_worker = 'loop' if variant == 'loop' else 'vmap'
     jitted = step_lib.make_train_step(model, tx, workers, per_worker=per_worker)
-    train_step, seconds, memory, temp = _compile(jitted, (box[0], xw, yw), xla[variant])
+    train_step, seconds, memory, temp = _compile(jitted, (box[0], xw, yw))
 
     def run():
       for _ in range(FLAGS.steps):
@@ -167,7 +147,6 @@ def main(argv):
       'devices': workers.devices,
       'sim': workers.per_device,
       'per_worker': per_worker,
-      'xla': xla_name[variant],
       'compile': seconds,
       'memory': memory,
       'temp': temp,
@@ -178,11 +157,10 @@ def main(argv):
   def rows_for(count, devices):
     if batch % count or count % devices:
       return []
-    rows = [workers_row(count, devices, v) for v in variants]
+    rows = [workers_row(count, devices, v) for v in FLAGS.per_worker]
     return list({id(r): r for r in rows}.values())
 
-  table = [baseline(v) for v in variants]
-  table = list({id(r): r for r in table}.values())
+  table = [baseline()]
   table += rows_for(8, sharded_devices)
   for w in (int(w) for w in FLAGS.workers):
     table += rows_for(w, 1) + rows_for(w, min(n_dev, w))
@@ -197,9 +175,8 @@ def main(argv):
   def fmt(rows):
     out = []
     for r in rows:
-      variant = 'before' if r['xla'] == 'default' else 'vmap'
-      base = measured[('baseline', r['xla'])]
-      sharded = measured.get((8, sharded_devices, variant))
+      base = measured['baseline']
+      sharded = measured.get((8, sharded_devices, 'vmap'))
       r = dict(r)
       r['ratio'] = f'{r["sps"] / base["sps"]:.2f}x'
       if sharded:
@@ -217,7 +194,6 @@ def main(argv):
     ('devices', 'devices'),
     ('sim', 'sim/device'),
     ('per_worker', 'per_worker'),
-    ('xla', 'xla'),
     ('sps', 'samples/s'),
     ('ratio', 'vs single device'),
     ('vs_sharded', f'vs 8 on {sharded_devices}'),

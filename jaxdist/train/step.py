@@ -10,7 +10,7 @@ after the other (`lax.map`): see `make_train_step`'s `per_worker`.
 
 from __future__ import annotations
 
-import functools
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -108,8 +108,8 @@ def make_train_step(
     number of workers), each worker's convolutions dense; only one worker's
     activations are alive at a time. On the CPU the convolutions in the loop
     are given the NHWC/HWIO layout that XLA's CPU backend needs to call its
-    Eigen kernels (it rewrites layouts only outside loops; see
-    `_canonical_convs`).
+    Eigen kernels (it rewrites layouts only outside loops; see `_conv_rule`),
+    and the chain's sums over workers are written as dots (`_sum_rows`).
   - `'auto'` (default): `'loop'` on the CPU when a device holds more than one
     worker, else `'vmap'` (not yet measured on accelerators).
 
@@ -158,7 +158,11 @@ def make_train_step(
   on_cpu = workers.mesh.devices.flat[0].platform == 'cpu'
   if per_worker == 'auto':
     per_worker = 'loop' if on_cpu and workers.per_device > 1 else 'vmap'
-  one_worker = _canonical_convs(gradients) if on_cpu else gradients
+  one_worker = gradients
+  chain = jax.vmap(update, axis_name=SIM)
+  if on_cpu and (staggered or per_worker == 'loop'):
+    one_worker = _rewritten(gradients, _conv_rule)
+    chain = _rewritten(chain, _sum_rule)
 
   def device_step(state: TrainState, x, y, tx_args, *extra):  # leading: this device's workers
     args = (state.params, state.model_state, x, y, *extra[:1])
@@ -169,9 +173,7 @@ def make_train_step(
       grads, model_state, loss, accuracy = jax.lax.map(lambda args: one_worker(*args), args)
     else:
       grads, model_state, loss, accuracy = jax.vmap(gradients)(*args)
-    params, opt_state = jax.vmap(update, axis_name=SIM)(
-      grads, state.opt_state, state.params, tx_args, *extra
-    )
+    params, opt_state = chain(grads, state.opt_state, state.params, tx_args, *extra)
     return TrainState(params, model_state, opt_state), {'loss': loss, 'accuracy': accuracy}
 
   mapped = jax.shard_map(
@@ -198,135 +200,153 @@ def make_train_step(
     step,
     donate_argnums=0,
     out_shardings=(workers.sharding, workers.replicated),
-    compiler_options=compiler_options(workers.mesh.devices.flat[0].platform),
   )
 
 
-def _is_canonical(dimension_numbers: jax.lax.ConvDimensionNumbers) -> bool:
-  """Whether a convolution's operands are NH..WC, H..WIO and NH..WC, XLA CPU's Eigen layout."""
-  lhs, rhs, out = dimension_numbers
-  n = len(lhs) - 2
-  spatial = tuple(range(1, n + 1))
-  return (
-    tuple(lhs) == (0, n + 1, *spatial)
-    and tuple(rhs) == (n + 1, n, *range(n))
-    and tuple(out) == (0, n + 1, *spatial)
-  )
-
-
-def _canonical_conv(lhs, rhs, *, dimension_numbers, **params):
-  """`conv_general_dilated` with its operands transposed to the canonical layout.
-
-  The same convolution (the window's spatial dimensions keep their order);
-  only the layout XLA sees changes.
-  """
-  lhs_spec, rhs_spec, out_spec = dimension_numbers
-  n = len(lhs_spec) - 2
-  canonical = jax.lax.ConvDimensionNumbers(
-    (0, n + 1, *range(1, n + 1)), (n + 1, n, *range(n)), (0, n + 1, *range(1, n + 1))
-  )
-  lhs = jnp.transpose(lhs, (lhs_spec[0], *lhs_spec[2:], lhs_spec[1]))
-  rhs = jnp.transpose(rhs, (*rhs_spec[2:], rhs_spec[1], rhs_spec[0]))
-  out = _CONV.bind(lhs, rhs, dimension_numbers=canonical, **params)
-  # out is (batch, *spatial, feature); put each where out_spec says.
-  order = (out_spec[0], *out_spec[2:], out_spec[1])
-  return jnp.transpose(out, tuple(order.index(d) for d in range(n + 2)))
-
+# --- rewriting the step's jaxprs for XLA's CPU backend ---------------------------------------
+#
+# Two of XLA CPU's choices (jax 0.10) cost simulated workers most of their time, and both can be
+# avoided from JAX by writing the same arithmetic in another form: `_rewritten` traces a function
+# to a jaxpr and evaluates it, equation by equation, with some equations replaced.
 
 _CONV = jcore.primitives.conv_general_dilated_p
+_PSUM = jcore.primitives.psum_p
+_REDUCE_SUM = jcore.primitives.reduce_sum_p
 _CALLS = (jcore.primitives.jit_p, jcore.primitives.closed_call_p)
+# A sum over a few rows of a long array (rows <= outputs, outputs >= this) is written as a dot.
+_MIN_SUM_OUTPUTS = 4096
 
 
-def _needs_rewrite(eqn) -> bool:
-  if eqn.primitive is _CONV:
-    p = eqn.params
-    return (
-      p['feature_group_count'] == 1
-      and p['batch_group_count'] == 1
-      and not _is_canonical(p['dimension_numbers'])
-    )
+def _canonical(n: int) -> jax.lax.ConvDimensionNumbers:
+  """NH..WC input and output, H..WIO kernel: the layout XLA CPU's Eigen convolutions take."""
+  return jax.lax.ConvDimensionNumbers(
+    (0, n + 1, *range(1, n + 1)), (n + 1, n, *range(n)), (0, n + 1, *range(1, n + 1))
+  )
+
+
+def _conv_rule(eqn) -> Callable[..., list[Any]] | None:
+  """A dense convolution out of that layout -> the same one with its operands transposed.
+
+  XLA CPU calls Eigen only for the canonical layout, and its pass that
+  transposes other convolutions into it (`ConvCanonicalization`,
+  xla/service/cpu) visits only the entry computation: a convolution inside a
+  loop body keeps its layout and is emitted as naive loops. Autodiff's
+  convolutions (input and weight gradients) have other layouts, so a CNN's
+  backward pass under `lax.map` ran about 20x slower than outside a loop.
+  Transposing them here does what the pass would have done.
+  """
+  if eqn.primitive is not _CONV:
+    return None
+  p = eqn.params
+  dn = p['dimension_numbers']
+  n = len(dn.lhs_spec) - 2
+  if p['feature_group_count'] != 1 or p['batch_group_count'] != 1 or dn == _canonical(n):
+    return None
+  lhs_spec, rhs_spec, out_spec = dn
+  order = (out_spec[0], *out_spec[2:], out_spec[1])  # the canonical output's dimensions
+
+  def conv(lhs, rhs):
+    lhs = jnp.transpose(lhs, (lhs_spec[0], *lhs_spec[2:], lhs_spec[1]))
+    rhs = jnp.transpose(rhs, (*rhs_spec[2:], rhs_spec[1], rhs_spec[0]))
+    out = _CONV.bind(lhs, rhs, **{**p, 'dimension_numbers': _canonical(n)})
+    return [jnp.transpose(out, tuple(order.index(d) for d in range(n + 2)))]
+
+  return conv
+
+
+def _few_rows(aval, axes) -> bool:
+  """Whether summing `axes` of an array of `aval` adds a few rows of many numbers."""
+  rows = math.prod(aval.shape[a] for a in axes)
+  outputs = math.prod(aval.shape) // max(rows, 1)
+  return jnp.issubdtype(aval.dtype, jnp.floating) and outputs >= max(rows, _MIN_SUM_OUTPUTS)
+
+
+def _sum_rows(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+  """`x.sum(axes)` as a dot with ones.
+
+  XLA CPU runs a sum of a few rows of many numbers as a YNNPACK reduce fusion
+  about 100x slower than its own loops or a dot (8 rows of 131,072 floats:
+  10 ms against 0.1 ms), and every `psum` over simulated workers is one: it
+  cost 64 workers on 8 devices (CNN) half of their step. YNNPACK stays for
+  the sums it does well (batch-norm statistics: many rows, few outputs).
+  """
+  rows = math.prod(x.shape[a] for a in axes)
+  rest = [d for d in range(x.ndim) if d not in axes]
+  flat = jnp.transpose(x, (*axes, *rest)).reshape(rows, -1)
+  total = jnp.dot(jnp.ones(rows, x.dtype), flat, precision=jax.lax.Precision.HIGHEST)
+  return total.reshape([x.shape[d] for d in rest])
+
+
+def _sum_rule(eqn) -> Callable[..., list[Any]] | None:
+  """`reduce_sum`, and `psum` over positional (vmapped) axes, of a few long rows -> `_sum_rows`."""
+  p = eqn.params
+  if eqn.primitive is _REDUCE_SUM:
+    axes = tuple(p['axes'])
+    return (lambda x: [_sum_rows(x, axes)]) if _few_rows(eqn.invars[0].aval, axes) else None
+  if eqn.primitive is not _PSUM or p.get('axis_index_groups') is not None:
+    return None
+  positional = tuple(a for a in p['axes'] if isinstance(a, int))
+  named = tuple(a for a in p['axes'] if not isinstance(a, int))
+  if not positional or not any(_few_rows(v.aval, positional) for v in eqn.invars):
+    return None
+
+  def psum(*xs):
+    xs = [
+      _sum_rows(x, positional)
+      if _few_rows(v.aval, positional)
+      else _REDUCE_SUM.bind(x, axes=positional, out_sharding=None)
+      for x, v in zip(xs, eqn.invars, strict=True)
+    ]
+    return list(jax.lax.psum(xs, named)) if named else xs
+
+  return psum
+
+
+def _rule_applies(eqn, rule) -> bool:
   if eqn.primitive in _CALLS:
-    return any(_needs_rewrite(e) for j in jcore.jaxprs_in_params(eqn.params) for e in j.eqns)
-  return False
+    return any(_rule_applies(e, rule) for j in jcore.jaxprs_in_params(eqn.params) for e in j.eqns)
+  return rule(eqn) is not None
 
 
-def _eval_canonical(jaxpr, consts, args):
-  """Evaluates `jaxpr` as `jax.core.eval_jaxpr` does, convolutions made canonical."""
+def _evaluate(jaxpr, consts, args, rule):
+  """`jax.core.eval_jaxpr`, with `rule(eqn)`'s replacement where it gives one (calls inlined)."""
   env = {}
   read = lambda v: v.val if isinstance(v, jcore.Literal) else env[v]
   env.update(zip(jaxpr.constvars, consts, strict=True))
   env.update(zip(jaxpr.invars, args, strict=True))
   for eqn in jaxpr.eqns:
     ins = [read(v) for v in eqn.invars]
-    if not _needs_rewrite(eqn):
+    if not _rule_applies(eqn, rule):
       with eqn.ctx.manager:
         outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(eqn.params))
       outs = outs if eqn.primitive.multiple_results else [outs]
-    elif eqn.primitive is _CONV:
-      outs = [_canonical_conv(*ins, **eqn.params)]
-    else:  # a call holding such a convolution: inline it
+    elif eqn.primitive in _CALLS:
       (closed,) = [eqn.params[k] for k in ('jaxpr', 'call_jaxpr') if k in eqn.params]
-      outs = _eval_canonical(closed.jaxpr, closed.consts, ins)
+      outs = _evaluate(closed.jaxpr, closed.consts, ins, rule)
+    else:
+      with eqn.ctx.manager:
+        outs = rule(eqn)(*ins)
     env.update(zip(eqn.outvars, outs, strict=True))
   return [read(v) for v in jaxpr.outvars]
 
 
-def _canonical_convs(fn: Callable[..., Any]) -> Callable[..., Any]:
-  """`fn` with every dense convolution in NH..WC / H..WIO layout, for XLA's CPU backend.
+def _rewritten(fn: Callable[..., Any], rule) -> Callable[..., Any]:
+  """`fn` (positional arguments) traced to a jaxpr and evaluated with `rule`'s replacements.
 
-  XLA CPU runs a convolution with its Eigen kernels only in that layout, and
-  its pass that transposes other convolutions into it visits only the entry
-  computation (`ConvCanonicalization`, xla/service/cpu): a convolution inside
-  a loop body keeps its layout and is emitted as naive loops. Autodiff's
-  convolutions (the input and weight gradients) have other layouts, so a
-  backward pass under `lax.map` ran 20x slower than the same pass outside a
-  loop (CNN, 64 examples: 305 ms against 13 ms). Traces `fn` (with the
-  gradients it takes) to a jaxpr and evaluates it with those convolutions
-  transposed to the canonical layout, as the pass would have done; the
-  arithmetic is unchanged.
+  `rule(eqn)` returns a function of the equation's inputs giving its outputs
+  (the same values, computed in another form), or None to keep it. Equations
+  inside `jit`s are reached; those inside other higher-order primitives
+  (`cond`, `scan`, `checkpoint`) are kept as they are.
   """
 
-  def canonical(*args):
+  def rewritten(*args):
     closed, shape = jax.make_jaxpr(fn, return_shape=True)(*args)
-    if not any(_needs_rewrite(e) for e in closed.jaxpr.eqns):
+    if not any(_rule_applies(e, rule) for e in closed.jaxpr.eqns):
       return fn(*args)
-    out = _eval_canonical(closed.jaxpr, closed.consts, jax.tree.leaves(args))
+    out = _evaluate(closed.jaxpr, closed.consts, jax.tree.leaves(args), rule)
     return jax.tree.unflatten(jax.tree.structure(shape), out)
 
-  return canonical
-
-
-# XLA CPU's YNNPACK fusions, less reductions (see `compiler_options`).
-_CPU_YNN_FUSIONS = 'LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION'
-
-
-@functools.cache
-def compiler_options(platform: str) -> dict[str, str] | None:
-  """XLA options the steps are compiled with on `platform` (None: XLA's defaults).
-
-  On the CPU, the XLA of jax 0.10 hands reductions to YNNPACK fusions that run
-  about 100x slower than its own loops (a sum over 8 rows of 131,072 floats:
-  10 ms against 0.1 ms). Every vmapped `psum` over simulated workers is such a
-  reduction (over the `sim` axis), as are bias gradients and means over
-  workers: 64 workers on 8 devices spent 100 ms of a step in them. These
-  options keep YNNPACK's other default fusions (dots, convolutions) and leave
-  reductions to XLA. Probed once per process: an XLA without the option gets
-  its defaults.
-
-  Args:
-    platform: `'cpu'`, `'gpu'` or `'tpu'`.
-
-  Returns:
-    `compiler_options` for `jax.jit`.
-  """
-  if platform != 'cpu':
-    return None
-  options = {'xla_cpu_experimental_ynn_fusion_type': _CPU_YNN_FUSIONS}
-  try:
-    jax.jit(jnp.sum, compiler_options=options).lower(jnp.zeros(2)).compile()
-  except jax.errors.JaxRuntimeError:
-    return None
-  return options
+  return rewritten
 
 
 def make_noise_step(
@@ -371,11 +391,7 @@ def make_noise_step(
       raise ValueError(f'this step was made with counted={counted}: pass counts iff counted')
     return mapped(state, x, y, *counts)
 
-  return jax.jit(
-    noise,
-    out_shardings=workers.replicated,
-    compiler_options=compiler_options(workers.mesh.devices.flat[0].platform),
-  )
+  return jax.jit(noise, out_shardings=workers.replicated)
 
 
 def _probes(opt_state) -> dict[str, jax.Array]:
@@ -422,11 +438,7 @@ def make_eval_step(model: nn.Module, workers: Workers) -> Callable[..., dict[str
     correct = (jnp.argmax(logits, -1) == y) * mask
     return {'loss': jnp.sum(loss_vec * mask), 'correct': jnp.sum(correct), 'count': jnp.sum(mask)}
 
-  return jax.jit(
-    evaluate,
-    out_shardings=workers.replicated,
-    compiler_options=compiler_options(workers.mesh.devices.flat[0].platform),
-  )
+  return jax.jit(evaluate, out_shardings=workers.replicated)
 
 
 def make_reference_step(
@@ -444,6 +456,4 @@ def make_reference_step(
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), model_state, opt_state, loss
 
-  return jax.jit(
-    step, donate_argnums=(0, 2), compiler_options=compiler_options(jax.default_backend())
-  )
+  return jax.jit(step, donate_argnums=(0, 2))
