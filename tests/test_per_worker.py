@@ -108,3 +108,15 @@ def test_one_worker_per_device_stays_vmap_and_bad_arguments_are_refused():
     step_lib.make_train_step(model, tx, workers, per_worker='scan')
   with pytest.raises(ValueError, match='staggered'):
     step_lib.make_train_step(model, tx, workers, staggered=True, per_worker='vmap')
+
+
+def test_sums_over_few_long_rows_become_dots():
+  vmapped_psum = jax.vmap(lambda g: jax.lax.psum(g, 'sim'), axis_name='sim')
+  rewritten = step_lib._rewritten(vmapped_psum, step_lib._sum_rule)
+  rng = np.random.default_rng(0)
+  for shape, dot in (((8, 5000), True), ((8, 100), False), ((500, 16), False)):
+    x = jnp.asarray(rng.standard_normal(shape, dtype=np.float32))
+    np.testing.assert_allclose(rewritten(x), vmapped_psum(x), rtol=1e-5, atol=1e-5)
+    text = jax.jit(rewritten).lower(x).as_text()
+    assert ('stablehlo.dot_general' in text) == dot
+    assert ('stablehlo.reduce' in text) != dot
