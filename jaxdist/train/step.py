@@ -103,7 +103,7 @@ def make_train_step(
   - `'vmap'`: together, one batched program. Every worker has its own
     weights, so each convolution becomes a grouped convolution, which XLA
     runs far slower than a dense one (on the CPU, 8 workers on one device at
-    about a quarter of the samples/s of one plain batch).
+    a third of the samples/s of one plain batch: `experiments/bench_step.py`).
   - `'loop'`: one after the other (`lax.map`, one loop body whatever the
     number of workers), each worker's convolutions dense; only one worker's
     activations are alive at a time. On the CPU the convolutions in the loop
@@ -114,7 +114,7 @@ def make_train_step(
     worker, else `'vmap'` (not yet measured on accelerators).
 
   Both compute the same per-worker functions: numbers differ only by float
-  reassociation inside the convolutions. With `staggered`, the workers go
+  reassociation inside the convolutions and the sums over workers. With `staggered`, the workers go
   one after the other under rematerialisation (`lax.map` over
   `jax.checkpoint`ed passes), the system form of Wavelet's tick-tock waves
   (`jaxdist.train.waves`); `per_worker` must then be `'auto'` or `'loop'`.
