@@ -48,7 +48,9 @@ def main(argv):
       layout = jd.runtime.layout(workers, devices=1)
       tx = optax.chain(jd.sync.allreduce(axis_name=layout.axis_name), optax.sgd(0.01))
       state = step_lib.make_init(model, tx, layout, shape)(jax.random.key(0))
-      step = step_lib.make_train_step(model, tx, layout, staggered=staggered)
+      # together = vmap (every worker's activations at once; on the CPU 'auto' would loop)
+      per_worker = 'auto' if staggered else 'vmap'
+      step = step_lib.make_train_step(model, tx, layout, staggered=staggered, per_worker=per_worker)
       x = jax.device_put(jnp.zeros((workers, per, *shape)), layout.sharding)
       y = jax.device_put(jnp.zeros((workers, per), jnp.int32), layout.sharding)
       memory = step.lower(state, x, y).compile().memory_analysis().temp_size_in_bytes

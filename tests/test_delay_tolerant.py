@@ -252,7 +252,9 @@ def test_staggered_system_form_changes_no_numbers(digits, tx_name):
     else:
       tx = sync.tick_tock(optax.sgd(0.1), axis_name=workers.axis_name)
     state = step_lib.make_init(model, tx, workers, digits.image_shape)(jax.random.key(0))
-    step = step_lib.make_train_step(model, tx, workers, staggered=staggered)
+    # together: both waves' activations at once (vmap; on the CPU 'auto' would loop)
+    per_worker = 'auto' if staggered else 'vmap'
+    step = step_lib.make_train_step(model, tx, workers, staggered=staggered, per_worker=per_worker)
     for t in range(3):
       idx = jd.data.worker_indices(
         t, seed=0, num_examples=len(digits.train), workers=8, per_worker=8
