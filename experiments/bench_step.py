@@ -42,6 +42,7 @@ flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on th
 flags.DEFINE_list('workers', ['8', '64'], 'Simulated worker counts (on one device and on all).')
 flags.DEFINE_list('scaling', ['8', '16', '64', '256'], 'Worker counts of the scaling table.')
 flags.DEFINE_list('per_worker', ['vmap', 'loop'], 'Ways to compare (see above).')
+flags.DEFINE_string('results', None, 'Also write the tables as markdown here, with the command.')
 FLAGS = flags.FLAGS
 
 
@@ -201,10 +202,22 @@ def main(argv):
     ('memory', 'memory/device'),
     ('temp', 'temporaries'),
   ]
+  title = f'{FLAGS.model}, input {shape}, global batch {batch}, {n_dev} {platform} device(s)'
   print(report.table(fmt(table), columns))
+  scaling_title = f'scaling: workers on {min(n_dev, 8)} device(s), global batch {batch}'
   if scaling:
-    print(f'\nscaling: workers on {min(n_dev, 8)} device(s), global batch {batch}')
+    print(f'\n{scaling_title}')
     print(report.table(fmt(scaling), columns[1:]))
+  if FLAGS.results:
+    import sys
+
+    command = ' '.join(['python', 'experiments/bench_step.py', *sys.argv[1:]])
+    parts = [report.provenance(command), title + ':', report.markdown(fmt(table), columns)]
+    if scaling:
+      parts += [scaling_title + ':', report.markdown(fmt(scaling), columns[1:])]
+    with open(FLAGS.results, 'w') as f:
+      f.write('\n\n'.join(parts) + '\n')
+    print(f'results: {FLAGS.results}')
 
 
 if __name__ == '__main__':
