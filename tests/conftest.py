@@ -1,5 +1,6 @@
 """Shared test setup: 8 CPU devices (before JAX starts), one tfds data dir, one XLA cache."""
 
+import importlib.util
 import os
 import shutil
 import socket
@@ -111,3 +112,12 @@ def run_digits(tmp_path, name, data_dir, monkeypatch, args='workers=3', **overri
   records = metrics.read_jsonl(str(tmp_path / name / 'metrics.jsonl'))
   params = checkpoint.read(str(tmp_path / name / 'checkpoints'))[0]['params']
   return summary, records, params
+
+
+def load_experiment(name: str):
+  """experiments/<name>.py imported as a module (its functions, without running main)."""
+  path = os.path.join(REPO, 'experiments', f'{name}.py')
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module

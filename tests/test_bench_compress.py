@@ -1,6 +1,5 @@
 """experiments/bench_compress.py: --results writes the tables; DGC sends what it sent before."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,16 +11,9 @@ import pytest
 
 import jaxdist as jd
 
-from conftest import REPO
+from conftest import REPO, load_experiment
 
 SCRIPT = os.path.join(REPO, 'experiments', 'bench_compress.py')
-
-
-def load():
-  spec = importlib.util.spec_from_file_location('bench_compress', SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 @pytest.mark.parametrize('n', [7, 1000, 4099])
@@ -33,7 +25,7 @@ def test_dgc_sends_what_it_sent_before_issue_14(n):
     'ties': np.round(rng.standard_normal(n) * 2),  # many equal |x|, within and across bins
     'zeros': np.zeros(n),
   }
-  _, _, dgc_before = load()._before_classes(jd)
+  _, _, dgc_before = load_experiment('bench_compress')._before_classes(jd)
   for kw in (dict(ratio=0.05), dict(k=3), dict(ratio=0.02, bins_per_k=3)):
     new, old = (
       jax.jit(lambda x, k, c=c: c.encode(x, (), k)[0])

@@ -21,24 +21,19 @@ def test_specs_parse_and_bad_ones_name_the_key_and_the_form():
   assert inject.parse_drops(' 1@3 ', 4) == (inject.Drop(1, 3, None),)
   assert inject.alive(inject.parse_drops('0@2-4,2@3', 3), 3, 3).tolist() == [False, True, False]
   assert inject.alive(inject.parse_drops('0@2-4,2@3', 3), 3, 4).tolist() == [True, True, False]
-  bad_straggles = [
-    ('3:4@100', r"'worker:factor@start-end'"),
-    ('8:4@0-5', r'names worker 8, but the run has 8 workers'),
-    ('1:0.5@0-5', r'slowdown must be >= 1'),
-    ('1:2@5-5', r'end must be after start'),
+  bad = [
+    (inject.parse_straggles, 'straggle', '3:4@100', r"'worker:factor@start-end'"),
+    (inject.parse_straggles, 'straggle', '2:4@0-5', r'names worker 2, but the run has 2 workers'),
+    (inject.parse_straggles, 'straggle', '1:0.5@0-5', r'slowdown must be >= 1'),
+    (inject.parse_straggles, 'straggle', '1:2@5-5', r'end must be after start'),
+    (inject.parse_drops, 'drop', '1-3', r"'worker@start' or 'worker@start-end'"),
+    (inject.parse_drops, 'drop', '2@4', r'names worker 2, but the run has 2 workers'),
+    (inject.parse_drops, 'drop', '0@5-3', r'end must be after start'),
+    (inject.parse_drops, 'drop', '0@5,1@2-9', r'leaves no worker at step 6'),
   ]
-  for text, message in bad_straggles:
-    with pytest.raises(ValueError, match=rf'config.fault.straggle: .*{message}'):
-      inject.parse_straggles(text, 8)
-  bad_drops = [
-    ('1-3', r"'worker@start' or 'worker@start-end'"),
-    ('2@4', r'names worker 2, but the run has 2 workers'),
-    ('0@5-3', r'end must be after start'),
-    ('0@5,1@2-9', r'leaves no worker at step 6'),
-  ]
-  for text, message in bad_drops:
-    with pytest.raises(ValueError, match=rf'config.fault.drop: .*{message}'):
-      inject.parse_drops(text, 2)
+  for parse, key, text, message in bad:
+    with pytest.raises(ValueError, match=rf'config.fault.{key}: .*{message}'):
+      parse(text, 2)
 
 
 def test_drop_needs_the_weighted_allreduce_and_fixed_batches(tmp_path):

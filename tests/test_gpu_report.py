@@ -1,20 +1,12 @@
 """experiments/gpu_report.py reads the stored GPU logs and gpu.md is what it writes (no GPU)."""
 
-import importlib.util
 import os
 import subprocess
 import sys
 
-from conftest import REPO
+from conftest import REPO, load_experiment
 
 SCRIPT = os.path.join(REPO, 'experiments', 'gpu_report.py')
-
-
-def _module():
-  spec = importlib.util.spec_from_file_location('gpu_report', SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def test_text_tables_reads_what_report_table_prints():
@@ -22,7 +14,7 @@ def test_text_tables_reads_what_report_table_prints():
 
   rows = [{'name': 'ab', 'n': 1, 'ms': '2.5'}, {'name': 'c d', 'n': 10, 'ms': '30'}]
   printed = report.table(rows, [('name', 'name'), ('n', 'n'), ('ms', 'ms (median)')])
-  ((line, parsed),) = _module().text_tables(f'before\n{printed}\n\nafter')
+  ((line, parsed),) = load_experiment('gpu_report').text_tables(f'before\n{printed}\n\nafter')
   assert line == 2
   assert parsed == [
     {'name': 'ab', 'n': '1', 'ms (median)': '2.5'},
@@ -31,7 +23,7 @@ def test_text_tables_reads_what_report_table_prints():
 
 
 def test_every_log_parses_into_the_section():
-  text = _module().render()
+  text = load_experiment('gpu_report').render()
   for row in (
     '| single device, plain jit | 1 | 1 × - |',
     '| simulated, allreduce | 256 | 1 × 256 |',

@@ -215,9 +215,9 @@ class Batches:
 
   def observe(self, t: int) -> dict[str, Any]:
     """Step t's batches, modelled compute times (and waits); the controller takes the times."""
-    if self.state is None and not self.exp.drops:
-      return {}
     counts = self.counts(t)
+    if counts is None:
+      return {}
     record = {'batches': counts.tolist()}
     if self.exp.cluster is not None:
       times = self.exp.cluster.compute_seconds(t, counts, self.per_example_s)
