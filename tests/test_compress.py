@@ -249,6 +249,17 @@ def test_bernoulli_uses_every_key_under_vmap():
   assert (batched[0] != batched[1]).mean() > 0.2  # independent rows
 
 
+@pytest.mark.parametrize('bits', [8, 16, 32])
+def test_bernoulli_coins_do_not_depend_on_the_chunk(bits):
+  """The CPU's loop of chunks and the GPU's one step draw the same coins."""
+  p = jnp.linspace(0.0, 1.0, 70_001)
+  key = jax.random.key(5)
+  one_step = np.asarray(C.bernoulli(key, p, bits, chunk=1 << 30))
+  for chunk in (1000, 4096, 1 << 16):
+    np.testing.assert_array_equal(np.asarray(C.bernoulli(key, p, bits, chunk=chunk)), one_step)
+  assert 0.45 < one_step.mean() < 0.55  # coins of p spread over [0, 1]
+
+
 def test_quantisers_take_raw_and_typed_keys_and_differ_by_key():
   c = C.qsgd(levels=7, bucket_size=64)
   raw = jax.random.PRNGKey(5)

@@ -15,6 +15,7 @@
 #   .whl_pinned/: flax 0.12.8, optax 0.2.8, orbax-checkpoint 0.12.8 (pyproject's pins), used
 #   only if make run fails with the machine's own.
 # jaxdist is not installed (pyproject pins jax 0.10): PYTHONPATH=. instead.
+# STEPS='bench_step_resnet20 bench_compress' runs only the steps named (env.log is always written).
 # QUICK=1 PY=.venv/bin/python SKIP_INSTALL=1 runs every step at toy sizes on a CPU, to check
 # the command lines before device time is spent on them.
 #
@@ -117,6 +118,9 @@ EOF
 step() {  # step NAME SECONDS CMD...: runs CMD under a timeout, output to $OUT/NAME.log
   local name=$1 limit=$2
   shift 2
+  if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then
+    return 0
+  fi
   local left=$((BUDGET - SECONDS))
   [ "$left" -lt "$limit" ] && limit=$left
   if [ "$limit" -lt 30 ]; then
@@ -147,8 +151,9 @@ else
   one_cpu=()
 fi
 
-step bench_step_resnet20 170 $PY experiments/bench_step.py --model=resnet20 --image=32,32,3 \
-  --batch=256 --workers=8,256 "${small_step[@]}"
+# vmap only: what 'auto' picks on a GPU (the loop runs the workers one after the other there)
+step bench_step_resnet20 240 $PY experiments/bench_step.py --model=resnet20 --image=32,32,3 \
+  --batch=256 --workers=8,256 --per_worker=vmap --steps=5 --repeats=3 "${small_step[@]}"
 step bench_compress 150 $PY experiments/bench_compress.py "${compress[@]}"
 rm -rf /tmp/w
 if step make_run 200 $PY experiments/compare.py --config=$digits --workdir=/tmp/w "${one_cpu[@]}"; then
