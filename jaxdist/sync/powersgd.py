@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 
@@ -25,7 +26,7 @@ class PowerSGDState(NamedTuple):
       in its tensor's shape (() without error feedback). Per-worker.
     qs: per compressed matrix, Q [cols, r] of the last step (the warm
       start). Replicated (averaged, or drawn from a shared key).
-    wire: the all-reduces of P, of Q, of the uncompressed tensors and, with
+    wire: the all-reduces of P with the uncompressed tensors, of Q and, with
       `start_step`, of the whole gradient; counts say which ran. Per-worker.
   """
 
@@ -57,8 +58,11 @@ def powersgd(
 
   costs two all-reduces of (rows + cols)·r floats instead of rows·cols. Error
   feedback is with respect to the averaged approximation, as in
-  epfml/powersgd. Smaller and 1-D tensors (biases, norms) go in one dense
-  all-reduce. For the first `start_step` steps (PyTorch DDP's
+  epfml/powersgd. Smaller and 1-D tensors (biases, norms) are averaged
+  densely, in float32, in the same all-reduce as P: each step is exactly two
+  all-reduces, each of one flat buffer (left as a tuple of arrays, XLA's
+  combiner regroups them by the order of the ops and made five of the
+  digits CNN's). For the first `start_step` steps (PyTorch DDP's
   `start_powerSGD_iter`) the whole gradient goes in one dense all-reduce
   instead (a `lax.cond`: the PowerSGD branch does not run); the error memory
   is zero when compression starts, and Q is its initial draw.
@@ -137,20 +141,19 @@ def powersgd(
 def _layout(tree, c: PowerSGD, min_size: int, start_step: int):
   """(matrix leaf indices, dense leaf indices, transfers not yet run) of `tree`.
 
-  The transfers: P's and Q's all-reduces, the dense tensors' (if any), the
-  whole gradient's (with a warm-up).
+  The transfers: the all-reduce of P with the dense tensors (float32), Q's,
+  and the whole gradient's (with a warm-up).
   """
   leaves = jax.tree.leaves(tree)
   ok = lambda x: x.ndim >= 2 and x.size >= max(min_size, 1)
   matrices = tuple(i for i, x in enumerate(leaves) if ok(x))
   dense = tuple(i for i, x in enumerate(leaves) if not ok(x))
   sizes = [c.wire_bytes(leaves[i].shape) for i in matrices]
+  dense_bytes = 4 * sum(leaves[i].size for i in dense)
   wire = [
-    comm.transfer(comm.ALL_REDUCE, sum(p for p, _ in sizes), 0),
+    comm.transfer(comm.ALL_REDUCE, sum(p for p, _ in sizes) + dense_bytes, 0),
     comm.transfer(comm.ALL_REDUCE, sum(q for _, q in sizes), 0),
   ]
-  if dense:
-    wire.append(comm.transfer(comm.ALL_REDUCE, comm.tree_nbytes([leaves[i] for i in dense]), 0))
   if start_step:
     wire.append(comm.transfer(comm.ALL_REDUCE, comm.tree_nbytes(tree), 0))
   return matrices, dense, tuple(wire)
@@ -163,17 +166,12 @@ def _compressed(c: PowerSGD, layout, axis_name, error_feedback, updates, residua
   grads = [leaves[i].astype(jnp.float32) for i in matrices]
   wanted = [g + r for g, r in zip(grads, residual, strict=True)] if error_feedback else grads
   step_key = jax.random.fold_in(key, count)
-  approx, qs = _power_step(c, wanted, qs, axis_name, step_key)
+  approx, means, qs = _power_step(c, wanted, [leaves[i] for i in dense], qs, axis_name, step_key)
   residual = tuple(w - a for w, a in zip(wanted, approx, strict=True)) if error_feedback else ()
   out = list(leaves)
-  for i, a in zip(matrices, approx, strict=True):
+  for i, a in zip((*matrices, *dense), (*approx, *means), strict=True):
     out[i] = a.astype(leaves[i].dtype)
-  if dense:
-    means, _ = comm.pmean([leaves[i] for i in dense], axis_name)
-    for i, x in zip(dense, means, strict=True):
-      out[i] = x
-  ran = [comm.ran(t, 1) for t in wire[: 3 if dense else 2]]
-  wire = (*ran, *comm.silence(wire[len(ran) :]))
+  wire = (comm.ran(wire[0], 1), comm.ran(wire[1], 1), *comm.silence(wire[2:]))
   return jax.tree.unflatten(treedef, out), residual, qs, wire
 
 
@@ -185,16 +183,30 @@ def _warmup(layout, axis_name, updates, residual, qs, count, key):
   return mean, residual, qs, (*comm.silence(wire[:-1]), comm.ran(wire[-1], 1))
 
 
-def _power_step(c: PowerSGD, matrices, qs, axis_name, step_key):
-  """One power iteration over workers: (mean approximations in the tensors' shapes, next Qs)."""
+def _psum_flat(arrays: list[jax.Array], axis_name) -> list[jax.Array]:
+  """Sums over workers of float32 `arrays` in one all-reduce of one flat buffer."""
+  if not arrays:
+    return []
+  total, _ = comm.psum(
+    jnp.concatenate([a.astype(jnp.float32).reshape(-1) for a in arrays]), axis_name
+  )
+  ends = np.cumsum([a.size for a in arrays])
+  return [total[e - a.size : e].reshape(a.shape) for a, e in zip(arrays, ends, strict=True)]
+
+
+def _power_step(c: PowerSGD, matrices, dense, qs, axis_name, step_key):
+  """One power iteration over workers, the dense tensors averaged beside P.
+
+  Returns (mean approximations in the matrices' shapes, means of `dense`, next Qs).
+  """
   n = comm.axis_size(axis_name)
   ms = [m.reshape(PowerSGD.matrix_shape(m.shape)) for m in matrices]
-  ps = tuple(c.project(m, q) for m, q in zip(ms, qs, strict=True))
-  ps, _ = comm.psum(ps, axis_name)
-  p_hats = [orthogonalize(p / n) for p in ps]
-  new_qs = tuple(c.back(m, p) for m, p in zip(ms, p_hats, strict=True))
-  new_qs, _ = comm.psum(new_qs, axis_name)
-  new_qs = tuple(q / n for q in new_qs)
+  ps = [c.project(m, q) for m, q in zip(ms, qs, strict=True)]
+  sums = _psum_flat(ps + list(dense), axis_name)
+  p_hats = [orthogonalize(p / n) for p in sums[: len(ps)]]
+  means = [x / n for x in sums[len(ps) :]]
+  new_qs = [c.back(m, p) for m, p in zip(ms, p_hats, strict=True)]
+  new_qs = tuple(q / n for q in _psum_flat(new_qs, axis_name))
   approx = tuple(
     c.decode(p, q).reshape(m.shape) for p, q, m in zip(p_hats, new_qs, matrices, strict=True)
   )
@@ -202,4 +214,4 @@ def _power_step(c: PowerSGD, matrices, qs, axis_name, step_key):
     new_qs = tuple(
       c.init_q(m.shape, jax.random.fold_in(step_key, j)) for j, m in enumerate(matrices)
     )
-  return approx, new_qs
+  return approx, means, new_qs
