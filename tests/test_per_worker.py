@@ -73,6 +73,48 @@ def test_loop_equals_vmap(model_name, tx_name, shape, counted):
     assert mean.shape[0] == 8 and not np.allclose(mean[0], mean[1])
 
 
+@pytest.mark.parametrize(
+  'model_name, shape, counted',
+  [('cnn', (8, 8, 1), False), ('cnn', (8, 8, 1), True), ('resnet20', (8, 8, 3), False)],
+)
+def test_shared_equals_vmap_when_the_workers_hold_one_model(model_name, shape, counted):
+  model = jd.models.get(model_name, num_classes=10)
+  shared, shared_losses = _train(model, 'allreduce', shape, 'shared', counted)
+  vmap, vmap_losses = _train(model, 'allreduce', shape, 'vmap', counted)
+  _assert_same((shared, shared_losses), (vmap, vmap_losses))
+  if model_name == 'resnet20':  # batch-norm statistics stay per worker
+    mean = jax.tree.leaves(shared.model_state)[0]
+    assert mean.shape[0] == 8 and not np.allclose(mean[0], mean[1])
+
+
+def test_shared_trains_the_first_workers_model_so_local_sgd_must_not_use_it():
+  """The check above can fail: where the workers' weights differ, 'shared' is not 'vmap'."""
+  model = jd.models.get('cnn', num_classes=10)
+  shared, _ = _train(model, 'local_sgd', (8, 8, 1), 'shared')
+  vmap, _ = _train(model, 'local_sgd', (8, 8, 1), 'vmap')
+  a, b = shared.params['Conv_0']['kernel'], vmap.params['Conv_0']['kernel']
+  assert np.all(np.isfinite(a)) and np.abs(a - b).max() > 1e-4
+
+
+def test_shared_keeps_only_the_weight_gradients_grouped():
+  model = jd.models.get('resnet20', num_classes=10)  # 21 convolutions: 19 3x3 and 2 shortcuts
+  workers = runtime.layout(8, devices=2)
+  tx = _txs(workers)['allreduce']
+  state = step_lib.make_init(model, tx, workers, (8, 8, 3))(jax.random.key(0))
+  x = jax.device_put(jnp.zeros((8, PER_WORKER, 8, 8, 3)), workers.sharding)
+  y = jax.device_put(jnp.zeros((8, PER_WORKER), jnp.int32), workers.sharding)
+  grouped = {}
+  for per_worker in ('vmap', 'shared'):
+    step = step_lib.make_train_step(model, tx, workers, per_worker=per_worker)
+    text = step.lower(state, x, y).as_text()
+    counts = [
+      int(c) for c in re.findall(r'stablehlo.convolution.*?feature_group_count = (\d+)', text)
+    ]
+    assert len(counts) == 21 + 20 + 21  # forward, input gradient (not the image's), weight
+    grouped[per_worker] = sum(c > 1 for c in counts)
+  assert grouped == {'vmap': 62, 'shared': 21}
+
+
 def test_auto_is_loop_on_the_cpu_and_its_convolutions_are_eigen_layout():
   # CIFAR shapes: with 2x2 feature maps (8x8 inputs) XLA swaps some convolutions' operands
   # (a reversed window, never Eigen's), cheap at that size but not what this test checks.
@@ -104,10 +146,11 @@ def test_one_worker_per_device_stays_vmap_and_bad_arguments_are_refused():
   y = jax.device_put(jnp.zeros((8, PER_WORKER), jnp.int32), workers.sharding)
   step = step_lib.make_train_step(model, tx, workers)
   assert ' while(' not in step.lower(state, x, y).compile().as_text()
-  with pytest.raises(ValueError, match="per_worker must be 'auto', 'vmap' or 'loop'"):
+  with pytest.raises(ValueError, match="per_worker must be 'auto', 'vmap', 'loop' or 'shared'"):
     step_lib.make_train_step(model, tx, workers, per_worker='scan')
-  with pytest.raises(ValueError, match='staggered'):
-    step_lib.make_train_step(model, tx, workers, staggered=True, per_worker='vmap')
+  for per_worker in ('vmap', 'shared'):
+    with pytest.raises(ValueError, match=f"staggered.*per_worker='{per_worker}' contradicts"):
+      step_lib.make_train_step(model, tx, workers, staggered=True, per_worker=per_worker)
 
 
 def test_sums_over_few_long_rows_become_dots():

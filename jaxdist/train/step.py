@@ -110,8 +110,16 @@ def make_train_step(
     are given the NHWC/HWIO layout that XLA's CPU backend needs to call its
     Eigen kernels (it rewrites layouts only outside loops; see `_conv_rule`),
     and the chain's sums over workers are written as dots (`_sum_rows`).
+  - `'shared'`: together, like `'vmap'`, but every worker's pass reads the
+    weights of the device's first worker: the forward and input-gradient
+    convolutions are dense ones over all the device's examples, and only
+    the weight gradients (one per worker) stay grouped. Correct only for
+    methods whose workers hold one model (all-reduce, compressed all-reduce,
+    PowerSGD: the same update on every worker); with local SGD, DiLoCo,
+    gossip or stale methods the workers' weights differ and it would train
+    the wrong model. Opt-in: `'auto'` never picks it.
   - `'auto'` (default): `'loop'` on the CPU when a device holds more than one
-    worker, else `'vmap'` (not yet measured on accelerators).
+    worker, else `'vmap'`.
 
   Both compute the same per-worker functions: numbers differ only by float
   reassociation inside the convolutions and the sums over workers. With `staggered`, the workers go
@@ -151,10 +159,12 @@ def make_train_step(
       updates = jax.tree.map(lambda u: u * extra[1].astype(u.dtype), updates)
     return optax.apply_updates(params, updates), opt_state
 
-  if per_worker not in ('auto', 'vmap', 'loop'):
-    raise ValueError(f"per_worker must be 'auto', 'vmap' or 'loop', got {per_worker!r}")
-  if staggered and per_worker == 'vmap':
-    raise ValueError("staggered runs workers one after the other: per_worker='vmap' contradicts it")
+  if per_worker not in ('auto', 'vmap', 'loop', 'shared'):
+    raise ValueError(f"per_worker must be 'auto', 'vmap', 'loop' or 'shared', got {per_worker!r}")
+  if staggered and per_worker in ('vmap', 'shared'):
+    raise ValueError(
+      f'staggered runs workers one after the other: per_worker={per_worker!r} contradicts it'
+    )
   on_cpu = workers.mesh.devices.flat[0].platform == 'cpu'
   if per_worker == 'auto':
     per_worker = 'loop' if on_cpu and workers.per_device > 1 else 'vmap'
@@ -171,6 +181,10 @@ def make_train_step(
       grads, model_state, loss, accuracy = jax.lax.map(wave, args)
     elif per_worker == 'loop':
       grads, model_state, loss, accuracy = jax.lax.map(lambda args: one_worker(*args), args)
+    elif per_worker == 'shared':  # one model: the first worker's weights, unbatched
+      first = jax.tree.map(lambda p: p[0], state.params)
+      in_axes = (None,) + (0,) * (len(args) - 1)
+      grads, model_state, loss, accuracy = jax.vmap(gradients, in_axes)(first, *args[1:])
     else:
       grads, model_state, loss, accuracy = jax.vmap(gradients)(*args)
     params, opt_state = chain(grads, state.opt_state, state.params, tx_args, *extra)
