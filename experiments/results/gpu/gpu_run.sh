@@ -151,9 +151,10 @@ else
   one_cpu=()
 fi
 
-# vmap only: what 'auto' picks on a GPU (the loop runs the workers one after the other there)
-step bench_step_resnet20 240 $PY experiments/bench_step.py --model=resnet20 --image=32,32,3 \
-  --batch=256 --workers=8,256 --per_worker=vmap --steps=5 --repeats=3 "${small_step[@]}"
+# vmap ('auto' on a GPU) and shared (one model's weights); the loop runs the workers one after
+# the other, which a GPU does not need (the CNN's rows show it)
+step bench_step_resnet20 270 $PY experiments/bench_step.py --model=resnet20 --image=32,32,3 \
+  --batch=256 --workers=8,256 --per_worker=vmap,shared --steps=5 --repeats=3 "${small_step[@]}"
 step bench_compress 150 $PY experiments/bench_compress.py "${compress[@]}"
 rm -rf /tmp/w
 if step make_run 200 $PY experiments/compare.py --config=$digits --workdir=/tmp/w "${one_cpu[@]}"; then
@@ -164,5 +165,5 @@ else
   PYTHONPATH=/tmp/pinned:$PYTHONPATH step make_run_pinned 150 $PY experiments/compare.py \
     --config=$digits --workdir=/tmp/w "${one_cpu[@]}" && cp /tmp/w/compare.md "$OUT/make_run_table.md"
 fi
-step bench_step_cnn 60 $PY experiments/bench_step.py "${small_step[@]}"
+step bench_step_cnn 90 $PY experiments/bench_step.py --per_worker=vmap,loop,shared "${small_step[@]}"
 echo "total ${SECONDS} s" | tee -a "$env_log"
