@@ -23,11 +23,37 @@ temporaries (activations) alone.
 The second table is the scaling of the step with the number of workers on all
 devices (`--scaling`).
 
+The third (`--overhead_params`) is what each compressor family adds to a
+step, against dense all-reduce, as the model grows: for each target size the
+digits CNN with all its widths scaled by m/8 (m = 8 is the digits CNN itself,
+151,306 parameters on 8x8x1; m is chosen to bring the count nearest the
+target; `--overhead_model=mlp` scales the MLP's instead), trained by
+`--overhead_workers` workers (8: one per device on 8 devices) on the same
+global batch with plain SGD. Each method is the chain `jaxdist.train.factory`
+builds from the config keys a user would set (`--config.<key>=<value>`):
+
+  dense     sync.method=allreduce
+  topk      sync.method=compressed_allreduce compress.name=topk compress.topk.ratio=0.01
+            (exact `lax.top_k`, error feedback, all-gather of values and indices)
+  dgc       ... compress.name=dgc compress.dgc.ratio=0.01 (sampled threshold, error feedback)
+  qsgd      ... compress.name=qsgd compress.qsgd.levels=127 (8 bits: sign and 7-bit level)
+  powersgd  sync.method=powersgd sync.powersgd.rank=2 (error feedback, warm start)
+
+The rows of one size are timed in turns, like the others, in windows of
+`--overhead_steps` steps (0: as many as make the dense row's window about
+`--overhead_window_s`, at most `--steps`). Bytes are the library's own
+accounting (`jaxdist.train.ledger`): the payload each worker puts into its
+collectives per step, and what it sends with ring algorithms (an all-gather
+sends its payload to N-1 workers). `--nolayouts --scaling=` prints this table
+alone.
+
   python experiments/bench_step.py                       # CNN, digits-sized input
   python experiments/bench_step.py --model=resnet20 --image=32,32,3 --batch=256 \
       --steps=2 --repeats=3
+  python experiments/bench_step.py --nolayouts --scaling= --repeats=5   # compressors only
 """
 
+import math
 import statistics
 import time
 
@@ -42,21 +68,38 @@ flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on th
 flags.DEFINE_list('workers', ['8', '64'], 'Simulated worker counts (on one device and on all).')
 flags.DEFINE_list('scaling', ['8', '16', '64', '256'], 'Worker counts of the scaling table.')
 flags.DEFINE_list('per_worker', ['vmap', 'loop'], 'Ways to compare (see above).')
+flags.DEFINE_bool('layouts', True, 'Print the first table (single device, sharded, simulated).')
+flags.DEFINE_list(
+  'overhead_params', ['150000', '1000000', '10000000'], 'Model sizes of the compressor table.'
+)
+flags.DEFINE_list(
+  'compressors', ['topk', 'dgc', 'qsgd', 'powersgd'], 'Methods of the compressor table.'
+)
+flags.DEFINE_enum('overhead_model', 'cnn', ['cnn', 'mlp'], 'Model family of the compressor table.')
+flags.DEFINE_integer('overhead_workers', 8, 'Workers of the compressor table (on all devices).')
+flags.DEFINE_integer('overhead_steps', 0, 'Steps per window of the compressor table (0: auto).')
+flags.DEFINE_float('overhead_window_s', 1.0, "Auto windows last about this long (dense row's).")
 flags.DEFINE_string('results', None, 'Also write the tables as markdown here, with the command.')
 FLAGS = flags.FLAGS
 
 
-def _time_together(runs: dict) -> dict:
-  """Samples/s of each `runs[key]()` (one window of steps), timed in turns."""
-  for run in runs.values():
-    run()
+def _windows(runs: dict, warm: bool = True) -> dict:
+  """Median seconds of each `runs[key]()` (one window of steps), timed in turns."""
+  if warm:
+    for run in runs.values():
+      run()
   windows = {key: [] for key in runs}
   for _ in range(FLAGS.repeats):
     for key, run in runs.items():
       start = time.perf_counter()
       run()
       windows[key].append(time.perf_counter() - start)
-  return {key: FLAGS.steps * FLAGS.batch / statistics.median(w) for key, w in windows.items()}
+  return {key: statistics.median(w) for key, w in windows.items()}
+
+
+def _time_together(runs: dict) -> dict:
+  """Samples/s of each `runs[key]()` (one window of `--steps` steps), timed in turns."""
+  return {key: FLAGS.steps * FLAGS.batch / s for key, s in _windows(runs).items()}
 
 
 def _compile(jitted, args):
@@ -68,6 +111,179 @@ def _compile(jitted, args):
     return compiled, seconds, None, None
   total = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
   return compiled, seconds, total + m.temp_size_in_bytes, m.temp_size_in_bytes
+
+
+# The methods of the compressor table, as the config keys a user sets (`--config.<key>=<value>`).
+def _compressed(name: str, **args) -> dict:
+  keys = {'sync.method': 'compressed_allreduce', 'compress.name': name}
+  return keys | {f'compress.{name}.{k}': v for k, v in args.items()}
+
+
+OVERHEAD_METHODS = {
+  'dense': ('dense all-reduce', {'sync.method': 'allreduce'}),
+  'topk': ('Top-k 1%, EF', _compressed('topk', ratio=0.01)),
+  'dgc': ('DGC 1%, EF', _compressed('dgc', ratio=0.01)),
+  'qsgd': ('QSGD 8-bit', _compressed('qsgd', levels=127)),
+  'powersgd': ('PowerSGD rank 2', {'sync.method': 'powersgd', 'sync.powersgd.rank': 2}),
+}
+PLAIN_SGD = {  # the optimizer of every row: plain SGD, as in the other tables
+  'optimizer.learning_rate': 0.01,
+  'optimizer.momentum': 0.0,
+  'optimizer.nesterov': False,
+  'optimizer.weight_decay': 0.0,
+  'optimizer.schedule': 'constant',
+}
+
+
+def _widened(family: str, m: int):
+  """The library's `family` model with every width scaled by m/8 (m = 8: as it is)."""
+  import jaxdist as jd
+
+  scale = lambda w: max(1, round(w * m / 8))
+  if family == 'cnn':
+    c = jd.models.CNN
+    return c(num_classes=10, features=tuple(map(scale, c.features)), hidden=scale(c.hidden))
+  return jd.models.MLP(num_classes=10, hidden=tuple(map(scale, jd.models.MLP.hidden)))
+
+
+def _num_params(model, shape) -> int:
+  import jax
+
+  from jaxdist.train import step as step_lib
+
+  tree = jax.eval_shape(lambda k: step_lib.init_params(model, k, shape)[0], jax.random.key(0))
+  return sum(x.size for x in jax.tree.leaves(tree))
+
+
+def _sized(family: str, shape, target: int):
+  """(model, m, parameters): the `family` model widened by m/8, m bringing it nearest `target`."""
+  counts = {}
+
+  def count(m):
+    if m not in counts:
+      counts[m] = _num_params(_widened(family, m), shape)
+    return counts[m]
+
+  hi = 1
+  while count(hi) < target:
+    hi *= 2
+  lo = hi // 2  # count(lo) < target <= count(hi), or lo == 0
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    lo, hi = (mid, hi) if count(mid) < target else (lo, mid)
+  off = lambda m: abs(math.log(count(m) / target))
+  m = lo if lo >= 1 and off(lo) < off(hi) else hi
+  return _widened(family, m), m, count(m)
+
+
+def _overhead(x, y, shape) -> tuple[str, list[dict]]:
+  """The compressor table: (title, rows), one row per model size and method."""
+  import jax
+
+  import jaxdist as jd
+  from jaxdist import comm
+  from jaxdist.train import config as config_lib
+  from jaxdist.train import factory, ledger, report
+  from jaxdist.train import step as step_lib
+
+  batch, family = FLAGS.batch, FLAGS.overhead_model
+  workers = jd.runtime.layout(FLAGS.overhead_workers)
+  if batch % workers.count:
+    raise app.UsageError(f'--batch ({batch}) must divide by --overhead_workers ({workers.count})')
+  methods = ['dense', *(c for c in FLAGS.compressors if c != 'dense')]
+  if unknown := sorted(set(methods) - set(OVERHEAD_METHODS)):
+    raise app.UsageError(f'unknown --compressors {unknown}; choose from {list(OVERHEAD_METHODS)}')
+  xw = jax.device_put(x.reshape(workers.count, batch // workers.count, *shape), workers.sharding)
+  yw = jax.device_put(y.reshape(workers.count, batch // workers.count), workers.sharding)
+  title = (
+    f'compressor overhead: {family} widened, {workers.count} workers on {workers.devices} '
+    f'device(s), global batch {batch}, plain SGD'
+  )
+  targets = [int(t) for t in FLAGS.overhead_params]
+  if min(targets) < 1:
+    raise app.UsageError(f'--overhead_params must be positive, got {FLAGS.overhead_params}')
+  rows = []
+  for target in targets:
+    model, m, n = _sized(family, shape, target)
+    print(f'{title}: {n:,} parameters ({family} x{m}/8)...', flush=True)
+    steps, runs, found = [1], {}, {}
+    for name in methods:
+      label, keys = OVERHEAD_METHODS[name]
+      config = config_lib.base()
+      config.update_from_flattened_dict({**PLAIN_SGD, **keys})
+      tx, _ = factory.build_chain(config, workers)
+      box = [step_lib.make_init(model, tx, workers, shape)(jax.random.key(0)), None]
+      jitted = step_lib.make_train_step(model, tx, workers)
+      train_step, seconds, memory, temp = _compile(jitted, (box[0], xw, yw))
+
+      def run(train_step=train_step, box=box, steps=steps):
+        for _ in range(steps[0]):
+          box[0], box[1] = train_step(box[0], xw, yw)
+        jax.block_until_ready(box[1])
+
+      run()  # warm-up: one step
+      runs[name] = run
+      found[name] = (box, {
+        'params': f'{n:,}',
+        'width': f'{m / 8:g}x',
+        'method': label,
+        'compile': f'{seconds:.2f}',
+        'memory': report.human_bytes(memory) if memory is not None else '-',
+        'temp': report.human_bytes(temp) if temp is not None else '-',
+      })  # fmt: skip
+    start = time.perf_counter()
+    runs['dense']()
+    one = time.perf_counter() - start
+    steps[0] = FLAGS.overhead_steps or max(
+      1, min(FLAGS.steps, round(FLAGS.overhead_window_s / one))
+    )
+    window_s = _windows(runs, warm=False)
+    for name in methods:
+      box, row = found[name]
+      transfers = comm.find_transfers(box[0].opt_state)
+      counts = [int(c) for c in box[1]['wire']]
+      wire = ledger.Ledger(transfers, workers.count, {}, 'ring', 0.0).record(1, counts)
+      ms = 1e3 * window_s[name] / steps[0]
+      row |= {
+        'steps': steps[0],
+        'ms': ms,
+        'ratio': window_s[name] / window_s['dense'],
+        'payload': wire['payload_bytes'],
+        'sent': wire['sent_bytes'],
+      }
+      rows.append(row)
+    del runs, found  # free this size's states and programs before the next
+  return title, rows
+
+
+OVERHEAD_COLUMNS = [
+  ('params', 'params'),
+  ('width', 'widths'),
+  ('method', 'method'),
+  ('steps', 'steps/window'),
+  ('ms_text', 'step ms'),
+  ('ratio_text', '÷ dense'),
+  ('compile', 'compile s'),
+  ('memory', 'memory/device'),
+  ('temp', 'temporaries'),
+  ('payload_text', 'payload B/worker/step'),
+  ('sent_text', 'sent B/worker/step (ring)'),
+]
+
+
+def _fmt_overhead(rows: list[dict]) -> list[dict]:
+  from jaxdist.train import report
+
+  return [
+    r
+    | {
+      'ms_text': f'{r["ms"]:.2f}',
+      'ratio_text': f'{r["ratio"]:.2f}',
+      'payload_text': report.human_bytes(r['payload']),
+      'sent_text': report.human_bytes(r['sent']),
+    }
+    for r in rows
+  ]
 
 
 def main(argv):
@@ -161,17 +377,21 @@ def main(argv):
     rows = [workers_row(count, devices, v) for v in FLAGS.per_worker]
     return list({id(r): r for r in rows}.values())
 
-  table = [baseline()]
-  table += rows_for(8, sharded_devices)
-  for w in (int(w) for w in FLAGS.workers):
-    table += rows_for(w, 1) + rows_for(w, min(n_dev, w))
-  table = list({id(r): r for r in table}.values())
-  scaling = []
+  table, scaling = [], []
+  if FLAGS.layouts or FLAGS.scaling:  # both tables compare with the single device
+    table = [baseline()]
+  if FLAGS.layouts:
+    table += rows_for(8, sharded_devices)
+    for w in (int(w) for w in FLAGS.workers):
+      table += rows_for(w, 1) + rows_for(w, min(n_dev, w))
+    table = list({id(r): r for r in table}.values())
   for w in (int(w) for w in FLAGS.scaling):
     scaling += rows_for(w, min(n_dev, w))
 
   for key, sps in _time_together(runs).items():
     measured[key]['sps'] = sps
+  runs.clear()  # their states and programs: not needed by the compressor table
+  overhead_title, overhead = _overhead(x, y, shape) if FLAGS.overhead_params else ('', [])
 
   def fmt(rows):
     out = []
@@ -203,18 +423,26 @@ def main(argv):
     ('temp', 'temporaries'),
   ]
   title = f'{FLAGS.model}, input {shape}, global batch {batch}, {n_dev} {platform} device(s)'
-  print(report.table(fmt(table), columns))
+  if FLAGS.layouts:
+    print(report.table(fmt(table), columns))
   scaling_title = f'scaling: workers on {min(n_dev, 8)} device(s), global batch {batch}'
   if scaling:
     print(f'\n{scaling_title}')
     print(report.table(fmt(scaling), columns[1:]))
+  if overhead:
+    print(f'\n{overhead_title}')
+    print(report.table(_fmt_overhead(overhead), OVERHEAD_COLUMNS))
   if FLAGS.results:
     import sys
 
     command = ' '.join(['python', 'experiments/bench_step.py', *sys.argv[1:]])
-    parts = [report.provenance(command), title + ':', report.markdown(fmt(table), columns)]
+    parts = [report.provenance(command)]
+    if FLAGS.layouts:
+      parts += [title + ':', report.markdown(fmt(table), columns)]
     if scaling:
       parts += [scaling_title + ':', report.markdown(fmt(scaling), columns[1:])]
+    if overhead:
+      parts += [overhead_title + ':', report.markdown(_fmt_overhead(overhead), OVERHEAD_COLUMNS)]
     with open(FLAGS.results, 'w') as f:
       f.write('\n\n'.join(parts) + '\n')
     print(f'results: {FLAGS.results}')
