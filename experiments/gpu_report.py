@@ -112,26 +112,39 @@ def machine(info: dict, cores: str) -> str:
   return f'{info["python"][1]} {cores} cores, {info["device"]}'
 
 
+def _flag(command: str, name: str, default: str) -> str:
+  m = re.search(rf'--{name}=(\S+)', command)
+  return m[1] if m else default
+
+
 def step_section(logs: str, name: str, info: dict, cores: str) -> list[str]:
   text = _read(logs, name)
+  command = _command(text)
   model = re.search(r'^(\w+), input (\(.*?\)), global batch (\d+), (\d+) (\w+) device', text, re.M)
   batch = int(model[3])
-  (_, rows), *_ = text_tables(text)
+  tables = [rows for _, rows in text_tables(text)]
   rc, seconds = _exit(text)
+  windows = f'{_flag(command, "repeats", "5")} windows of {_flag(command, "steps", "20")} steps'
   out = [
     f'{model[1]}, input {model[2]}, global batch {batch}, {model[4]} {model[5]} device '
-    f'({seconds} s, exit status {rc}):',
+    f'({seconds} s, exit status {rc}; median of {windows}):',
     '',
-    '| layout | workers | devices × sim | samples/s | ms/step | vs single device |',
-    '|---|---|---|---|---|---|',
+    '| layout | workers | devices × sim | per_worker | samples/s | ms/step | vs single device '
+    '| compile s | memory/device |',
+    '|---|---|---|---|---|---|---|---|---|',
   ]
-  for r in rows:
-    sps = _num(r['samples/s'])
-    out.append(
-      f'| {r["layout"]} | {r["workers"]} | {r["devices"]} × {r["sim/device"]} | '
-      f'{r["samples/s"]} | {1e3 * batch / sps:.2f} | {r["vs single device"]} |'
-    )
-  out += ['', _provenance(_command(text), info, cores), '']
+  for i, rows in enumerate(tables):
+    if i == 1:
+      out += ['', 'Scaling with the number of workers:', '', *out[2:4]]
+    for r in rows:
+      sps = _num(r['samples/s'])
+      out.append(
+        f'| {r.get("layout", "simulated, allreduce")} | {r["workers"]} | {r["devices"]} × '
+        f'{r["sim/device"]} | {r.get("per_worker", "-")} | {r["samples/s"]} | '
+        f'{1e3 * batch / sps:.2f} | {r["vs single device"]} | {r.get("compile s", "-")} | '
+        f'{r.get("memory/device", "-")} |'
+      )
+  out += ['', _provenance(command, info, cores), '']
   return out
 
 
@@ -284,8 +297,10 @@ def render(logs: str = LOGS) -> str:
     '',
     'With one GPU there is no sharded row: the 8-worker layout that uses 8 devices on the '
     'CPU runs here as 8 workers simulated with `vmap` on the one device, and every worker '
-    'row is simulated. Median of 5 windows of 20 steps after a warm-up; ms/step is the '
-    'global batch over samples/s.',
+    "row is simulated. `per_worker='auto'` picks `vmap` on a GPU: the `loop` rows (the "
+    "CPU's choice) run the workers one after the other. Windows are timed after a warm-up; "
+    "ms/step is the global batch over samples/s; memory is XLA's compiled memory analysis "
+    '(arguments + outputs + temporaries).',
     '',
   ]
   for name in ('bench_step_resnet20.log', 'bench_step_cnn.log'):
