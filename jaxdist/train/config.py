@@ -264,6 +264,7 @@ def variants() -> ml_collections.ConfigDict:
       'dense': method('allreduce'),
       'topk1_ef': compressed('topk', ratio=0.01),
       'artopk1': compressed('topk', 'allreduce', ratio=0.01),
+      'dgc1': compressed('dgc', ratio=0.01),  # Top-k 1% from DGC's sampled threshold
       # hierarchical Top-k (run with devices=nodes, e.g. workers=16 devices=2: 2 nodes x 8)
       'hitopk': {**compressed('topk', ratio=0.01), 'sync': {'method': 'hitopk_allreduce'}},
       'powersgd2': method('powersgd', rank=2),
