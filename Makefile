@@ -31,9 +31,11 @@ format: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) experiments/bench_step.py
 
-# jaxdist's half of ../shared/peers/side_by_side.sh (PyTorch DDP on the same work)
+# ../shared/peers/side_by_side.sh's work: jaxdist's half, and PyTorch DDP's beside it with
+# TORCH_PYTHON=path/to/torchenv/bin/python (a separate venv with torch; never this one)
 bench-peers: $(VENV)/.installed
-	$(PY) experiments/bench_peers.py --workdir=workdir/peers
+	$(PY) experiments/bench_peers.py --workdir=workdir/peers \
+	  $(if $(TORCH_PYTHON),--torch_python=$(TORCH_PYTHON))
 
 # The README's measured tables: each group of variants trained side by side, its markdown
 # table written to experiments/results/, then copied into README.md.

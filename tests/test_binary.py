@@ -256,23 +256,3 @@ def test_host_controllers_resume_after_sigkill(tmp_path, data_dir, controller):
     assert len({tuple(r['batches']) for r in want}) > 2  # the controller moved more than once
   else:
     assert all(r['inject_bytes'] > 0 for r in got) and summary['buffer_peak_total'] > 0
-
-
-def test_bench_peers_runs_the_peers_work_in_today_s_keys(tmp_path, data_dir):
-  # ../shared/peers/side_by_side.sh's jaxdist half, kept runnable when config keys change
-  out = tmp_path / 'lines.jsonl'
-  proc = subprocess.run(
-    binary_cmd(f'--workdir={tmp_path / "w"}', '--steps=3', f'--out={out}', script='bench_peers.py'),
-    env=binary_env(data_dir),
-    capture_output=True,
-    text=True,
-    timeout=TIMEOUT,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  lines = [json.loads(line) for line in out.read_text().splitlines()]
-  assert [(r['system'], r['hook']) for r in lines] == [
-    ('jaxdist', 'dense'), ('jaxdist', 'powersgd2'), ('jaxdist', 'local4')
-  ]  # fmt: skip
-  assert lines[1]['payload_bytes'] < lines[0]['payload_bytes'] / 20
-  assert lines[2]['payload_bytes'] == lines[0]['payload_bytes']  # 3 steps: all in the warm-up
-  assert '÷ dense' in proc.stdout
