@@ -480,3 +480,46 @@ def _gravac(config):
   config.sync.method = 'compressed_allreduce'
   config.adaptive = 'gravac'
   return config
+
+
+@pytest.mark.parametrize(
+  'overrides, message',
+  [
+    ({'sync.per_worker': 'scan'}, r"config.sync.per_worker must be 'auto', 'vmap', 'loop' or"),
+    ({'sync.per_worker': 'shared', 'sync.method': 'local_sgd'},
+     r"per_worker='shared' reads one worker's weights.*'local_sgd' keeps a model per worker"),
+    ({'sync.per_worker': 'vmap', 'sync.staggered': True}, r'staggered .* contradicts it'),
+  ],
+)  # fmt: skip
+def test_per_worker_bad_input_names_the_key(tmp_path, data_dir, monkeypatch, overrides, message):
+  monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
+  config = factory.load_config(f'{REPO}/configs/digits.py:runlocal', **overrides)
+  with pytest.raises(factory.ConfigError, match=message):
+    factory.build(config, str(tmp_path / 'never'))
+  assert not (tmp_path / 'never').exists()
+
+
+def test_shared_weights_train_the_all_reduce_run_of_per_worker_weights(
+  tmp_path, data_dir, monkeypatch
+):
+  """4 workers on 2 devices: 'shared' and 'vmap' give the same run (float reassociation)."""
+  runs = {
+    way: run_digits(
+      tmp_path,
+      way,
+      data_dir,
+      monkeypatch,
+      args='workers=4',
+      steps=4,
+      **{'devices': 2, 'sync.per_worker': way},
+    )
+    for way in ('shared', 'vmap')
+  }
+  losses = {way: np.array([r['loss'] for r in run[1]]) for way, run in runs.items()}
+  assert np.all(np.isfinite(losses['shared']))
+  np.testing.assert_allclose(losses['shared'], losses['vmap'], rtol=1e-5, atol=1e-6)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6),
+    runs['shared'][2],
+    runs['vmap'][2],
+  )

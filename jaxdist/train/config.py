@@ -143,6 +143,10 @@ def sync() -> ml_collections.ConfigDict:
   # System form of tick-tock: a device's workers run their passes one after
   # the other, rematerialised (jaxdist.train.step.make_train_step).
   s.staggered = False
+  # How a device's simulated workers compute their gradients (make_train_step's per_worker):
+  # 'auto' (loop on the CPU, vmap elsewhere), 'vmap', 'loop', or 'shared' (one copy of the
+  # weights for the forward pass: only for the one-model methods in factory.SHARED_MODEL).
+  s.per_worker = 'auto'
   return s
 
 

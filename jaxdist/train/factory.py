@@ -203,6 +203,33 @@ def sync_transform(config, workers: runtime.Workers, opt) -> optax.GradientTrans
 COMPENSATIONS = ('spike_compensation', 'linear_weight_prediction')
 
 
+# methods whose workers apply the same averaged update to one model (per_worker='shared' may
+# read the first worker's weights for all of them)
+SHARED_MODEL = (
+  'allreduce', 'compressed_allreduce', 'powersgd', 'bucketed_allreduce', 'hitopk_allreduce'
+)  # fmt: skip
+
+
+def check_per_worker(config) -> None:
+  """`config.sync.per_worker`: a way make_train_step knows, 'shared' only for one model."""
+  way = config.sync.per_worker
+  if way not in ('auto', 'vmap', 'loop', 'shared'):
+    raise ValueError(
+      f"config.sync.per_worker must be 'auto', 'vmap', 'loop' or 'shared', got {way!r}"
+    )
+  if way == 'shared' and config.sync.method not in SHARED_MODEL:
+    raise ValueError(
+      f"config.sync.per_worker='shared' reads one worker's weights for all of them; "
+      f'sync.method={config.sync.method!r} keeps a model per worker. Use it only with '
+      f'{", ".join(SHARED_MODEL)}, or per_worker=auto'
+    )
+  if config.sync.staggered and way in ('vmap', 'shared'):
+    raise ValueError(
+      f'config.sync.staggered runs the workers one after the other: '
+      f'config.sync.per_worker={way!r} contradicts it; use auto or loop'
+    )
+
+
 def build_chain(config, workers: runtime.Workers) -> tuple[optax.GradientTransformation, Any]:
   """The optax chain of `config.sync.method` around the local optimizer, and its schedule."""
   method = config.sync.method
@@ -503,6 +530,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     if os.path.exists(workdir) and not os.path.isdir(workdir):
       raise ValueError(f'workdir {workdir} exists and is not a directory; pass a directory path')
     _check_counts(config)
+    check_per_worker(config)
     if config.model.name not in models.MODELS:  # before the (slower) data loading
       models.get(config.model.name, num_classes=1)
     workers = runtime.layout(config.workers, devices=config.devices or None)

@@ -552,7 +552,12 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   logging.info('%s', exp)
   init = step_lib.make_init(exp.model, exp.tx, workers, exp.dataset.image_shape)
   train_step = step_lib.make_train_step(
-    exp.model, exp.tx, workers, staggered=cfg.sync.staggered, counted=exp.counted
+    exp.model,
+    exp.tx,
+    workers,
+    staggered=cfg.sync.staggered,
+    counted=exp.counted,
+    per_worker=cfg.sync.per_worker,
   )
   eval_step = step_lib.make_eval_step(exp.model, workers)
   state_shape = jax.eval_shape(init, jax.random.key(cfg.seed))
