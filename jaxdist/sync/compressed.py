@@ -542,8 +542,7 @@ def _exchange(c, collective, wanted, cstates, keys, axis_name, n, leader, count)
       )
     else:
       mean = tuple(
-        jnp.mean(jax.vmap(lambda p, s=s, m=m: c.decode(p, s, m))(g), axis=0)
-        for g, s, m in zip(gathered, new_states, sizes, strict=True)
+        _mean_decoded(c, g, s, m) for g, s, m in zip(gathered, new_states, sizes, strict=True)
       )
     return mean, local, mask, new_states
 
@@ -569,6 +568,20 @@ def _exchange(c, collective, wanted, cstates, keys, axis_name, n, leader, count)
     scatter(jnp.ones_like(v), idx, m) > 0 for v, idx, m in zip(own, indices, sizes, strict=True)
   )
   return mean, local, mask, new_states
+
+
+def _mean_decoded(c: Compressor, gathered, state, size: int) -> jax.Array:
+  """Mean of the decoded rows of `gathered` (one payload per worker), one row at a time.
+
+  Not `mean(vmap(decode)(gathered))`: that materialises all N decoded rows, and XLA's CPU
+  backend sums a few long rows far slower than N element-wise adds (QSGD 8-bit, 8 workers'
+  payloads of 10M floats, one CPU device: 659 ms against 61 ms).
+  """
+  rows = jax.tree.leaves(gathered)[0].shape[0]
+  first, rest = jax.tree.map(lambda a: a[0], gathered), jax.tree.map(lambda a: a[1:], gathered)
+  add = lambda total, p: (total + c.decode(p, state, size), None)
+  total, _ = lax.scan(add, c.decode(first, state, size), rest)
+  return total / rows
 
 
 def local_clip(max_norm: float, *, axis_name: comm.AxisName) -> optax.GradientTransformation:
