@@ -87,6 +87,17 @@ def test_shared_equals_vmap_when_the_workers_hold_one_model(model_name, shape, c
     assert mean.shape[0] == 8 and not np.allclose(mean[0], mean[1])
 
 
+@pytest.mark.parametrize('model_name, shape', [('cnn', (8, 8, 1)), ('resnet20', (8, 8, 3))])
+def test_mean_equals_vmap_for_a_plain_all_reduce(model_name, shape):
+  model = jd.models.get(model_name, num_classes=10)
+  mean, mean_losses = _train(model, 'allreduce', shape, 'mean')
+  vmap, vmap_losses = _train(model, 'allreduce', shape, 'vmap')
+  _assert_same((mean, mean_losses), (vmap, vmap_losses))
+  if model_name == 'resnet20':  # batch-norm statistics stay per worker
+    mean_stat = jax.tree.leaves(mean.model_state)[0]
+    assert mean_stat.shape[0] == 8 and not np.allclose(mean_stat[0], mean_stat[1])
+
+
 def test_shared_trains_the_first_workers_model_so_local_sgd_must_not_use_it():
   """The check above can fail: where the workers' weights differ, 'shared' is not 'vmap'."""
   model = jd.models.get('cnn', num_classes=10)
@@ -104,7 +115,7 @@ def test_shared_keeps_only_the_weight_gradients_grouped():
   x = jax.device_put(jnp.zeros((8, PER_WORKER, 8, 8, 3)), workers.sharding)
   y = jax.device_put(jnp.zeros((8, PER_WORKER), jnp.int32), workers.sharding)
   grouped = {}
-  for per_worker in ('vmap', 'shared'):
+  for per_worker in ('vmap', 'shared', 'mean'):
     step = step_lib.make_train_step(model, tx, workers, per_worker=per_worker)
     text = step.lower(state, x, y).as_text()
     counts = [
@@ -112,7 +123,7 @@ def test_shared_keeps_only_the_weight_gradients_grouped():
     ]
     assert len(counts) == 21 + 20 + 21  # forward, input gradient (not the image's), weight
     grouped[per_worker] = sum(c > 1 for c in counts)
-  assert grouped == {'vmap': 62, 'shared': 21}
+  assert grouped == {'vmap': 62, 'shared': 21, 'mean': 0}
 
 
 def test_auto_is_loop_on_the_cpu_and_its_convolutions_are_eigen_layout():
@@ -146,11 +157,15 @@ def test_one_worker_per_device_stays_vmap_and_bad_arguments_are_refused():
   y = jax.device_put(jnp.zeros((8, PER_WORKER), jnp.int32), workers.sharding)
   step = step_lib.make_train_step(model, tx, workers)
   assert ' while(' not in step.lower(state, x, y).compile().as_text()
-  with pytest.raises(ValueError, match="per_worker must be 'auto', 'vmap', 'loop' or 'shared'"):
+  with pytest.raises(
+    ValueError, match="per_worker must be 'auto', 'vmap', 'loop', 'shared' or 'mean'"
+  ):
     step_lib.make_train_step(model, tx, workers, per_worker='scan')
-  for per_worker in ('vmap', 'shared'):
+  for per_worker in ('vmap', 'shared', 'mean'):
     with pytest.raises(ValueError, match=f"staggered.*per_worker='{per_worker}' contradicts"):
       step_lib.make_train_step(model, tx, workers, staggered=True, per_worker=per_worker)
+  with pytest.raises(ValueError, match="per_worker='mean' hands every worker one mean gradient"):
+    step_lib.make_train_step(model, tx, workers, counted=True, per_worker='mean')
 
 
 def test_sums_over_few_long_rows_become_dots():

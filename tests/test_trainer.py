@@ -485,10 +485,13 @@ def _gravac(config):
 @pytest.mark.parametrize(
   'overrides, message',
   [
-    ({'sync.per_worker': 'scan'}, r"config.sync.per_worker must be 'auto', 'vmap', 'loop' or"),
+    ({'sync.per_worker': 'scan'}, r"config.sync.per_worker must be 'auto', 'vmap', 'loop', 'shared' or 'mean'"),
     ({'sync.per_worker': 'shared', 'sync.method': 'local_sgd'},
      r"per_worker='shared' reads one worker's weights.*'local_sgd' keeps a model per worker"),
     ({'sync.per_worker': 'vmap', 'sync.staggered': True}, r'staggered .* contradicts it'),
+    ({'sync.per_worker': 'mean', 'sync.method': 'compressed_allreduce'},
+     r"per_worker='mean' hands each worker its device's mean gradient"),
+    ({'sync.per_worker': 'mean', 'sync.local_clip.max_norm': 1.0}, r'no sync.local_clip'),
   ],
 )  # fmt: skip
 def test_per_worker_bad_input_names_the_key(tmp_path, data_dir, monkeypatch, overrides, message):
@@ -502,7 +505,7 @@ def test_per_worker_bad_input_names_the_key(tmp_path, data_dir, monkeypatch, ove
 def test_shared_weights_train_the_all_reduce_run_of_per_worker_weights(
   tmp_path, data_dir, monkeypatch
 ):
-  """4 workers on 2 devices: 'shared' and 'vmap' give the same run (float reassociation)."""
+  """4 workers on 2 devices: 'shared', 'mean' and 'vmap' give one run (float reassociation)."""
   runs = {
     way: run_digits(
       tmp_path,
@@ -513,13 +516,14 @@ def test_shared_weights_train_the_all_reduce_run_of_per_worker_weights(
       steps=4,
       **{'devices': 2, 'sync.per_worker': way},
     )
-    for way in ('shared', 'vmap')
+    for way in ('shared', 'mean', 'vmap')
   }
   losses = {way: np.array([r['loss'] for r in run[1]]) for way, run in runs.items()}
-  assert np.all(np.isfinite(losses['shared']))
-  np.testing.assert_allclose(losses['shared'], losses['vmap'], rtol=1e-5, atol=1e-6)
-  jax.tree.map(
-    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6),
-    runs['shared'][2],
-    runs['vmap'][2],
-  )
+  for way in ('shared', 'mean'):
+    assert np.all(np.isfinite(losses[way]))
+    np.testing.assert_allclose(losses[way], losses['vmap'], rtol=1e-5, atol=1e-6)
+    jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6),
+      runs[way][2],
+      runs['vmap'][2],
+    )

@@ -210,12 +210,29 @@ SHARED_MODEL = (
 )  # fmt: skip
 
 
+# methods that only average the workers' gradients (per_worker='mean' may hand each worker
+# its device's mean gradient)
+MEAN_ONLY = ('allreduce', 'bucketed_allreduce')
+
+
 def check_per_worker(config) -> None:
-  """`config.sync.per_worker`: a way make_train_step knows, 'shared' only for one model."""
+  """`config.sync.per_worker`: a way make_train_step knows; 'shared' and 'mean' where exact."""
   way = config.sync.per_worker
-  if way not in ('auto', 'vmap', 'loop', 'shared'):
+  if way not in ('auto', 'vmap', 'loop', 'shared', 'mean'):
     raise ValueError(
-      f"config.sync.per_worker must be 'auto', 'vmap', 'loop' or 'shared', got {way!r}"
+      f"config.sync.per_worker must be 'auto', 'vmap', 'loop', 'shared' or 'mean', got {way!r}"
+    )
+  if way == 'mean' and (
+    config.sync.method not in MEAN_ONLY
+    or config.sync.local_clip.max_norm
+    or config.batching != 'uniform'
+    or config.fault.drop
+  ):
+    raise ValueError(
+      "config.sync.per_worker='mean' hands each worker its device's mean gradient, exact only "
+      f'for a plain average of gradients: sync.method in {MEAN_ONLY}, no sync.local_clip, '
+      f'uniform batches and no fault.drop (got sync.method={config.sync.method!r}, '
+      f'batching={config.batching!r}); use per_worker=auto'
     )
   if way == 'shared' and config.sync.method not in SHARED_MODEL:
     raise ValueError(

@@ -118,6 +118,15 @@ def make_train_step(
     PowerSGD: the same update on every worker); with local SGD, DiLoCo,
     gossip or stale methods the workers' weights differ and it would train
     the wrong model. Opt-in: `'auto'` never picks it.
+  - `'mean'`: for a plain (unweighted) all-reduce of gradients only. One
+    backward pass of the mean of the device's workers' losses, with one
+    copy of the weights: every convolution is dense, as in one batch. Each
+    worker is handed the device's mean gradient, and the all-reduce's mean
+    over all workers is then the mean of every worker's own gradient (to
+    float reassociation). Per-worker batch-norm statistics, losses and
+    accuracies stay per worker. Wrong for anything that treats a worker's
+    own gradient nonlinearly (compression, error feedback, clipping,
+    weights per worker): not with `counted`; opt-in.
   - `'auto'` (default): `'loop'` on the CPU when a device holds more than one
     worker, else `'vmap'`.
 
@@ -159,9 +168,28 @@ def make_train_step(
       updates = jax.tree.map(lambda u: u * extra[1].astype(u.dtype), updates)
     return optax.apply_updates(params, updates), opt_state
 
-  if per_worker not in ('auto', 'vmap', 'loop', 'shared'):
-    raise ValueError(f"per_worker must be 'auto', 'vmap', 'loop' or 'shared', got {per_worker!r}")
-  if staggered and per_worker in ('vmap', 'shared'):
+  def mean_gradients(params, model_state, x, y):
+    """(the device's mean gradient for each worker, model states, losses, accuracies)."""
+    workers_here = y.shape[0]
+
+    def mean_loss(first):
+      one = lambda ms, x, y: loss_fn(model, first, ms, x, y, True)
+      losses, (logits, new_state) = jax.vmap(one)(model_state, x, y)
+      return jnp.mean(losses), (losses, logits, new_state)
+
+    first = jax.tree.map(lambda p: p[0], params)
+    (_, (loss, logits, model_state)), grad = jax.value_and_grad(mean_loss, has_aux=True)(first)
+    grads = jax.tree.map(lambda g: jnp.broadcast_to(g, (workers_here, *g.shape)), grad)
+    accuracy = jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32), axis=-1)
+    return grads, model_state, loss, accuracy
+
+  if per_worker not in ('auto', 'vmap', 'loop', 'shared', 'mean'):
+    raise ValueError(
+      f"per_worker must be 'auto', 'vmap', 'loop', 'shared' or 'mean', got {per_worker!r}"
+    )
+  if counted and per_worker == 'mean':
+    raise ValueError("per_worker='mean' hands every worker one mean gradient: not with counted")
+  if staggered and per_worker in ('vmap', 'shared', 'mean'):
     raise ValueError(
       f'staggered runs workers one after the other: per_worker={per_worker!r} contradicts it'
     )
@@ -181,6 +209,8 @@ def make_train_step(
       grads, model_state, loss, accuracy = jax.lax.map(wave, args)
     elif per_worker == 'loop':
       grads, model_state, loss, accuracy = jax.lax.map(lambda args: one_worker(*args), args)
+    elif per_worker == 'mean':  # one backward pass of the workers' mean loss
+      grads, model_state, loss, accuracy = mean_gradients(*args)
     elif per_worker == 'shared':  # one model: the first worker's weights, unbatched
       first = jax.tree.map(lambda p: p[0], state.params)
       in_axes = (None,) + (0,) * (len(args) - 1)
