@@ -46,12 +46,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS_DIR = os.path.join(REPO, '..', 'shared', 'peers')
 PEER_SCRIPT = 'torch_ddp_digits.py'
 WORKERS = 8  # side_by_side.sh: DDP's --world_size and jaxdist's workers
-METHODS = ('dense', 'powersgd2', 'local4', 'topk1_ef')  # variants of jaxdist/train/config.py
+METHODS = ('dense', 'powersgd2', 'local4', 'topk1_ef', 'dgc1')  # variants of jaxdist/train/config.py
 LABELS = {
   'dense': 'dense',
   'powersgd2': 'PowerSGD rank 2',
   'local4': 'local SGD, period 4',
   'topk1_ef': 'Top-k 1% all-gather, EF',
+  'dgc1': 'DGC 1% all-gather, EF (sampled threshold)',
 }
 # DDP's run of each method: side_by_side.sh's arguments (no DDP comm hook does Top-k)
 DDP_ARGS = {

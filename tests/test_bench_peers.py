@@ -174,7 +174,7 @@ def test_one_invocation_runs_ddp_and_jaxdist_side_by_side(tmp_path, data_dir, pe
   lines = [json.loads(line) for line in out.read_text().splitlines()]
   assert [(r.get('system', 'ddp'), r['hook']) for r in lines] == [
     ('ddp', 'none'), ('jaxdist', 'dense'), ('ddp', 'powersgd2'), ('jaxdist', 'powersgd2'),
-    ('ddp', 'localsgd4'), ('jaxdist', 'local4'), ('jaxdist', 'topk1_ef'),
+    ('ddp', 'localsgd4'), ('jaxdist', 'local4'), ('jaxdist', 'topk1_ef'), ('jaxdist', 'dgc1'),
   ]  # fmt: skip  # interleaved: each method's DDP run, then jaxdist's
   assert lines[0]['argv'] == [
     '--world_size', '8', '--steps', '3', '--match_jaxdist',
@@ -184,6 +184,7 @@ def test_one_invocation_runs_ddp_and_jaxdist_side_by_side(tmp_path, data_dir, pe
   assert jd['powersgd2']['payload_bytes'] < jd['dense']['payload_bytes'] / 20
   assert jd['local4']['payload_bytes'] == jd['dense']['payload_bytes']  # 3 steps: all warm-up
   assert jd['topk1_ef']['payload_bytes'] < jd['dense']['payload_bytes'] / 20
+  assert jd['dgc1']['payload_bytes'] == jd['topk1_ef']['payload_bytes']  # the same k
   assert all(r['world_size'] == 8 for r in jd.values())
   md = results.read_text()
   assert md.startswith('Command: `python experiments/bench_peers.py --workdir=')
