@@ -46,7 +46,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS_DIR = os.path.join(REPO, '..', 'shared', 'peers')
 PEER_SCRIPT = 'torch_ddp_digits.py'
 WORKERS = 8  # side_by_side.sh: DDP's --world_size and jaxdist's workers
-METHODS = ('dense', 'powersgd2', 'local4', 'topk1_ef', 'dgc1')  # variants of jaxdist/train/config.py
+METHODS = ('dense', 'powersgd2', 'local4', 'topk1_ef', 'dgc1')  # jaxdist/train/config.py variants
 LABELS = {
   'dense': 'dense',
   'powersgd2': 'PowerSGD rank 2',

@@ -485,7 +485,7 @@ def _gravac(config):
 @pytest.mark.parametrize(
   'overrides, message',
   [
-    ({'sync.per_worker': 'scan'}, r"config.sync.per_worker must be 'auto', 'vmap', 'loop', 'shared' or 'mean'"),
+    ({'sync.per_worker': 'scan'}, r"per_worker must be 'auto', 'vmap', 'loop', 'shared' or 'mean'"),
     ({'sync.per_worker': 'shared', 'sync.method': 'local_sgd'},
      r"per_worker='shared' reads one worker's weights.*'local_sgd' keeps a model per worker"),
     ({'sync.per_worker': 'vmap', 'sync.staggered': True}, r'staggered .* contradicts it'),
