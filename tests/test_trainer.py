@@ -527,3 +527,21 @@ def test_shared_weights_train_the_all_reduce_run_of_per_worker_weights(
       runs[way][2],
       runs['vmap'][2],
     )
+
+
+def test_auto_is_mean_off_the_cpu_only_where_it_is_exact():
+  base = factory.load_config(f'{REPO}/configs/digits.py:runlocal')
+  assert factory.per_worker(base, 8, 'gpu') == 'mean'
+  assert factory.per_worker(base, 8, 'cpu') == 'auto'  # make_train_step loops there
+  assert factory.per_worker(base, 1, 'gpu') == 'auto'  # one worker a device: nothing to fuse
+  for key, value in (
+    ('sync.method', 'compressed_allreduce'),
+    ('sync.method', 'local_sgd'),
+    ('sync.local_clip.max_norm', 1.0),
+    ('batching', 'static'),
+    ('fault.drop', '1@2'),
+    ('sync.staggered', True),
+    ('sync.per_worker', 'vmap'),
+  ):
+    config = factory.load_config(f'{REPO}/configs/digits.py:runlocal', **{key: value})
+    assert factory.per_worker(config, 8, 'gpu') == config.sync.per_worker, key

@@ -144,10 +144,10 @@ def sync() -> ml_collections.ConfigDict:
   # the other, rematerialised (jaxdist.train.step.make_train_step).
   s.staggered = False
   # How a device's simulated workers compute their gradients (make_train_step's per_worker):
-  # 'auto' (loop on the CPU, vmap elsewhere), 'vmap', 'loop', 'shared' (one copy of the
-  # weights for the forward pass: only for the one-model methods in factory.SHARED_MODEL) or
-  # 'mean' (one backward pass of the device's mean loss: only for a plain average of
-  # gradients, factory.MEAN_ONLY).
+  # 'auto' (loop on the CPU; elsewhere 'mean' where exact, else vmap), 'vmap', 'loop',
+  # 'shared' (one copy of the weights for the forward pass: only for the one-model methods
+  # in factory.SHARED_MODEL) or 'mean' (one backward pass of the device's mean loss: only
+  # for a plain average of gradients, factory.MEAN_ONLY).
   s.per_worker = 'auto'
   return s
 

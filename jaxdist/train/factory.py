@@ -215,6 +215,34 @@ SHARED_MODEL = (
 MEAN_ONLY = ('allreduce', 'bucketed_allreduce')
 
 
+def _mean_is_exact(config) -> bool:
+  """Whether the chain only averages the workers' gradients, with equal weights."""
+  return (
+    config.sync.method in MEAN_ONLY
+    and not config.sync.local_clip.max_norm
+    and config.batching == 'uniform'
+    and not config.fault.drop
+  )
+
+
+def per_worker(config, per_device: int, platform: str) -> str:
+  """The way the trainer's step runs a device's workers: `config.sync.per_worker`, 'auto'
+  resolved to 'mean' off the CPU where that is exact (an H100: ResNet-20, 8 simulated
+  workers at 1.09x one plain batch's samples/s, against 0.37x with `vmap`), else left to
+  make_train_step ('loop' on the CPU, where 'mean' is no faster, 'vmap' elsewhere).
+  """
+  way = config.sync.per_worker
+  if (
+    way == 'auto'
+    and platform != 'cpu'
+    and per_device > 1
+    and not config.sync.staggered
+    and _mean_is_exact(config)
+  ):
+    return 'mean'
+  return way
+
+
 def check_per_worker(config) -> None:
   """`config.sync.per_worker`: a way make_train_step knows; 'shared' and 'mean' where exact."""
   way = config.sync.per_worker
@@ -222,12 +250,7 @@ def check_per_worker(config) -> None:
     raise ValueError(
       f"config.sync.per_worker must be 'auto', 'vmap', 'loop', 'shared' or 'mean', got {way!r}"
     )
-  if way == 'mean' and (
-    config.sync.method not in MEAN_ONLY
-    or config.sync.local_clip.max_norm
-    or config.batching != 'uniform'
-    or config.fault.drop
-  ):
+  if way == 'mean' and not _mean_is_exact(config):
     raise ValueError(
       "config.sync.per_worker='mean' hands each worker its device's mean gradient, exact only "
       f'for a plain average of gradients: sync.method in {MEAN_ONLY}, no sync.local_clip, '

@@ -126,7 +126,9 @@ def make_train_step(
     float reassociation). Per-worker batch-norm statistics, losses and
     accuracies stay per worker. Wrong for anything that treats a worker's
     own gradient nonlinearly (compression, error feedback, clipping,
-    weights per worker): not with `counted`; opt-in.
+    weights per worker): not with `counted`. This function's `'auto'` never
+    picks it; the trainer's does off the CPU where it is exact
+    (`jaxdist.train.factory.per_worker`).
   - `'auto'` (default): `'loop'` on the CPU when a device holds more than one
     worker, else `'vmap'`.
 

@@ -557,7 +557,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     workers,
     staggered=cfg.sync.staggered,
     counted=exp.counted,
-    per_worker=cfg.sync.per_worker,
+    per_worker=factory.per_worker(cfg, workers.per_device, workers.mesh.devices.flat[0].platform),
   )
   eval_step = step_lib.make_eval_step(exp.model, workers)
   state_shape = jax.eval_shape(init, jax.random.key(cfg.seed))
