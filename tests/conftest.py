@@ -115,9 +115,20 @@ def run_digits(tmp_path, name, data_dir, monkeypatch, args='workers=3', **overri
 
 
 def load_experiment(name: str):
-  """experiments/<name>.py imported as a module (its functions, without running main)."""
+  """experiments/<name>.py imported as a module (its functions, without running main).
+
+  The absl flags it defines are removed again, so that scripts defining the same flag
+  names (`--results`, `--steps`) can be loaded in one test session.
+  """
+  from absl import flags
+
   path = os.path.join(REPO, 'experiments', f'{name}.py')
   spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  before = set(flags.FLAGS)
+  try:
+    spec.loader.exec_module(module)
+  finally:
+    for flag in set(flags.FLAGS) - before:
+      delattr(flags.FLAGS, flag)
   return module
