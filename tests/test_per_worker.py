@@ -178,3 +178,32 @@ def test_sums_over_few_long_rows_become_dots():
     text = jax.jit(rewritten).lower(x).as_text()
     assert ('stablehlo.dot_general' in text) == dot
     assert ('stablehlo.reduce' in text) != dot
+
+
+def test_eval_step_evaluates_the_mean_of_the_workers_weights():
+  """The eval step's mean over workers (a dot with ones on the CPU) against NumPy's."""
+  model = jd.models.get('cnn', num_classes=10)
+  workers = runtime.layout(64, devices=8)
+  tx = _txs(workers)['local_sgd']
+  state = step_lib.make_init(model, tx, workers, (8, 8, 1))(jax.random.key(0))
+  rng = np.random.default_rng(1)
+  params = jax.tree.map(  # workers' weights that differ, as after local steps
+    lambda p: p + 0.1 * rng.standard_normal(p.shape).astype(np.float32),
+    jax.device_get(state.params),
+  )
+  state = state._replace(params=jax.device_put(params, workers.sharding))
+  sharding = jax.NamedSharding(workers.mesh, jax.sharding.PartitionSpec(runtime.DATA))
+  x = rng.standard_normal((64, 8, 8, 1)).astype(np.float32)
+  y = rng.integers(0, 10, 64).astype(np.int32)
+  mask = np.ones(64, np.float32)
+  got = step_lib.make_eval_step(model, workers)(
+    state, *(jax.device_put(a, sharding) for a in (x, y, mask))
+  )
+  mean = jax.tree.map(
+    lambda p: np.mean(np.asarray(p, np.float64), axis=0).astype(np.float32), params
+  )
+  logits = model.apply({'params': mean}, x, train=False)
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+  assert np.isfinite(float(got['loss']))
+  np.testing.assert_allclose(float(got['loss']), float(np.sum(loss)), rtol=1e-5)
+  assert float(got['correct']) == float(np.sum(np.argmax(logits, -1) == y))

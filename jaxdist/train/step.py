@@ -466,6 +466,17 @@ def trained_params(state: TrainState) -> optax.Params:
   return found[-1] if found else state.params
 
 
+def _mean_over_workers(a: jax.Array) -> jax.Array:
+  """`a.mean(0)`, a few long rows as a dot with ones (`_sum_rows`; for the CPU).
+
+  The CNN's evaluation of 512 examples on 8 CPU devices: 61 -> 16 ms with 64 workers,
+  204 -> 18 ms with 256.
+  """
+  if _few_rows(a, (0,)):
+    return (_sum_rows(a, (0,)) / a.shape[0]).astype(a.dtype)
+  return jnp.mean(a, axis=0)
+
+
 def make_eval_step(model: nn.Module, workers: Workers) -> Callable[..., dict[str, jax.Array]]:
   """A jitted `(state, x_Nx..., y_N, mask_N) -> sums` on the worker-averaged model.
 
@@ -476,8 +487,11 @@ def make_eval_step(model: nn.Module, workers: Workers) -> Callable[..., dict[str
   count, so chunks can be added up.
   """
 
+  on_cpu = workers.mesh.devices.flat[0].platform == 'cpu'
+  over_workers = _mean_over_workers if on_cpu else lambda a: jnp.mean(a, axis=0)
+
   def evaluate(state: TrainState, x, y, mask):
-    mean = lambda t: jax.tree.map(lambda a: jnp.mean(a, axis=0), t)
+    mean = lambda t: jax.tree.map(over_workers, t)
     variables = {'params': mean(trained_params(state)), **mean(state.model_state)}
     logits = model.apply(variables, x, train=False)
     loss_vec = optax.softmax_cross_entropy_with_integer_labels(logits, y)
