@@ -297,8 +297,10 @@ def render(logs: str = LOGS) -> str:
     '',
     'With one GPU there is no sharded row: the 8-worker layout that uses 8 devices on the '
     'CPU runs here as 8 workers simulated with `vmap` on the one device, and every worker '
-    "row is simulated. `per_worker='auto'` picks `vmap` on a GPU: the `loop` rows (the "
-    "CPU's choice) run the workers one after the other. Windows are timed after a warm-up; "
+    "row is simulated. `make_train_step`'s `per_worker='auto'` picks `vmap` on a GPU (the "
+    "trainer's picks `mean` for a plain all-reduce since c6b6d92, after this run); the "
+    "`loop` rows (the CPU's choice) run the workers one after the other. Windows are timed "
+    'after a warm-up; '
     "ms/step is the global batch over samples/s; memory is XLA's compiled memory analysis "
     '(arguments + outputs + temporaries).',
     '',

@@ -230,6 +230,8 @@ def test_bernoulli_is_exact_at_0_and_1_and_rounds_p_to_its_bits(bits):
 def test_bernoulli_rejects_other_widths():
   with pytest.raises(ValueError, match=r'bits must be one of \(8, 16, 32\), got 12'):
     C.bernoulli(jax.random.key(0), jnp.zeros(3), 12)
+  with pytest.raises(ValueError, match='chunk must be >= 1 words, got 0'):
+    C.bernoulli(jax.random.key(0), jnp.zeros(3), chunk=0)
 
 
 def test_threefry2x32_is_jaxs_hash():

@@ -457,6 +457,22 @@ def test_powersgd_warmup_branch_really_skips_the_compressed_collectives():
   assert found and all(c.computation in branches for c in found)
 
 
+def test_powersgd_is_two_flat_all_reduces_and_the_ledger_counts_only_those_that_run():
+  run = make_run(jd.sync.powersgd(2, axis_name=runtime.AXES))
+  found = lowered_collectives(run, worker_grads())
+  # P of conv [36, 2] and dense [32, 2] with the bias (10), then Q of both [8, 2] and [10, 2]
+  assert sorted((c.kind, c.nbytes) for c in found) == [
+    ('all-reduce', 4 * (8 * 2 + 10 * 2)),
+    ('all-reduce', 4 * (36 * 2 + 32 * 2 + 10)),
+  ]
+  # no matrix big enough to compress: the dense tensors' all-reduce alone, and no Q
+  run = make_run(jd.sync.powersgd(2, axis_name=runtime.AXES, min_size=10**6))
+  found = lowered_collectives(run, worker_grads())
+  run(worker_grads())
+  assert [int(t.count[0]) for t in comm.find_transfers(run.state)] == [1, 0]
+  assert [(c.kind, c.nbytes) for c in found] == [('all-reduce', 4 * (288 + 320 + 10))]
+
+
 @pytest.mark.parametrize(
   'make, message',
   [

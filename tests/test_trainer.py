@@ -491,7 +491,12 @@ def _gravac(config):
     ({'sync.per_worker': 'vmap', 'sync.staggered': True}, r'staggered .* contradicts it'),
     ({'sync.per_worker': 'mean', 'sync.method': 'compressed_allreduce'},
      r"per_worker='mean' hands each worker its device's mean gradient"),
-    ({'sync.per_worker': 'mean', 'sync.local_clip.max_norm': 1.0}, r'no sync.local_clip'),
+    ({'sync.per_worker': 'mean', 'sync.local_clip.max_norm': 1.0},
+     r"but sync.local_clip clips each worker's own gradient"),
+    ({'sync.per_worker': 'mean', 'sync.method': 'bucketed_allreduce',
+      'sync.bucketed_allreduce.averager': 'compressed_allreduce'},
+     r"but sync.bucketed_allreduce.averager='compressed_allreduce' compresses"),
+    ({'sync.per_worker': 'mean', 'sync.staggered': True}, r'staggered .* contradicts it'),
   ],
 )  # fmt: skip
 def test_per_worker_bad_input_names_the_key(tmp_path, data_dir, monkeypatch, overrides, message):
@@ -538,10 +543,18 @@ def test_auto_is_mean_off_the_cpu_only_where_it_is_exact():
     ('sync.method', 'compressed_allreduce'),
     ('sync.method', 'local_sgd'),
     ('sync.local_clip.max_norm', 1.0),
+    ('sync.bucketed_allreduce.averager', 'compressed_allreduce'),
     ('batching', 'static'),
     ('fault.drop', '1@2'),
     ('sync.staggered', True),
     ('sync.per_worker', 'vmap'),
   ):
-    config = factory.load_config(f'{REPO}/configs/digits.py:runlocal', **{key: value})
+    overrides = {key: value}
+    if key.startswith('sync.bucketed'):
+      overrides['sync.method'] = 'bucketed_allreduce'
+    config = factory.load_config(f'{REPO}/configs/digits.py:runlocal', **overrides)
     assert factory.per_worker(config, 8, 'gpu') == config.sync.per_worker, key
+  bucketed = factory.load_config(
+    f'{REPO}/configs/digits.py:runlocal', **{'sync.method': 'bucketed_allreduce'}
+  )
+  assert factory.per_worker(bucketed, 8, 'gpu') == 'mean'  # buckets of a plain all-reduce

@@ -181,6 +181,8 @@ def bernoulli(key: jax.Array, p: jax.Array, bits: int = 16, chunk: int | None = 
   num_words = -(-flat.size // per)
   if chunk is None:
     chunk = _CHUNK if jax.default_backend() == 'cpu' else num_words
+  elif chunk < 1:
+    raise ValueError(f'chunk must be >= 1 words, got {chunk}')
   half = -(-min(chunk, num_words) // 2)  # blocks per step: two words each
 
   def draw(step):

@@ -59,13 +59,14 @@ def powersgd(
   costs two all-reduces of (rows + cols)·r floats instead of rows·cols. Error
   feedback is with respect to the averaged approximation, as in
   epfml/powersgd. Smaller and 1-D tensors (biases, norms) are averaged
-  densely, in float32, in the same all-reduce as P: each step is exactly two
-  all-reduces, each of one flat buffer (left as a tuple of arrays, XLA's
-  combiner regroups them by the order of the ops and made five of the
-  digits CNN's). For the first `start_step` steps (PyTorch DDP's
-  `start_powerSGD_iter`) the whole gradient goes in one dense all-reduce
-  instead (a `lax.cond`: the PowerSGD branch does not run); the error memory
-  is zero when compression starts, and Q is its initial draw.
+  densely, in float32, in the same all-reduce as P: each step is two
+  all-reduces (one with no matrices, none for an empty tree), each of one
+  flat buffer (left as a tuple of arrays, XLA's combiner regroups them by
+  the order of the ops and made five of the digits CNN's). For the first
+  `start_step` steps (PyTorch DDP's `start_powerSGD_iter`) the whole
+  gradient goes in one dense all-reduce instead (a `lax.cond`: the PowerSGD
+  branch does not run); the error memory is zero when compression starts,
+  and Q is its initial draw.
 
   Args:
     rank: r, capped at each matrix's smaller side.
@@ -171,7 +172,8 @@ def _compressed(c: PowerSGD, layout, axis_name, error_feedback, updates, residua
   out = list(leaves)
   for i, a in zip((*matrices, *dense), (*approx, *means), strict=True):
     out[i] = a.astype(leaves[i].dtype)
-  wire = (comm.ran(wire[0], 1), comm.ran(wire[1], 1), *comm.silence(wire[2:]))
+  ran = (int(bool(matrices or dense)), int(bool(matrices)))  # P (with the dense tensors), Q
+  wire = (*(comm.ran(t, r) for t, r in zip(wire[:2], ran, strict=True)), *comm.silence(wire[2:]))
   return jax.tree.unflatten(treedef, out), residual, qs, wire
 
 

@@ -215,14 +215,20 @@ SHARED_MODEL = (
 MEAN_ONLY = ('allreduce', 'bucketed_allreduce')
 
 
-def _mean_is_exact(config) -> bool:
-  """Whether the chain only averages the workers' gradients, with equal weights."""
-  return (
-    config.sync.method in MEAN_ONLY
-    and not config.sync.local_clip.max_norm
-    and config.batching == 'uniform'
-    and not config.fault.drop
-  )
+def _mean_not_exact(config) -> str:
+  """Why the chain does more than average the workers' gradients with equal weights ('' if not)."""
+  s = config.sync
+  if s.method not in MEAN_ONLY:
+    return f'sync.method={s.method!r} is not one of {MEAN_ONLY}'
+  if s.method == 'bucketed_allreduce' and s.bucketed_allreduce.averager not in ('', 'allreduce'):
+    return f'sync.bucketed_allreduce.averager={s.bucketed_allreduce.averager!r} compresses'
+  if s.local_clip.max_norm:
+    return "sync.local_clip clips each worker's own gradient"
+  if config.batching != 'uniform':
+    return f'batching={config.batching!r} weights the workers by their batches'
+  if config.fault.drop:
+    return 'fault.drop weights dropped workers 0'
+  return ''
 
 
 def per_worker(config, per_device: int, platform: str) -> str:
@@ -237,7 +243,7 @@ def per_worker(config, per_device: int, platform: str) -> str:
     and platform != 'cpu'
     and per_device > 1
     and not config.sync.staggered
-    and _mean_is_exact(config)
+    and not _mean_not_exact(config)
   ):
     return 'mean'
   return way
@@ -250,12 +256,10 @@ def check_per_worker(config) -> None:
     raise ValueError(
       f"config.sync.per_worker must be 'auto', 'vmap', 'loop', 'shared' or 'mean', got {way!r}"
     )
-  if way == 'mean' and not _mean_is_exact(config):
+  if way == 'mean' and (why := _mean_not_exact(config)):
     raise ValueError(
       "config.sync.per_worker='mean' hands each worker its device's mean gradient, exact only "
-      f'for a plain average of gradients: sync.method in {MEAN_ONLY}, no sync.local_clip, '
-      f'uniform batches and no fault.drop (got sync.method={config.sync.method!r}, '
-      f'batching={config.batching!r}); use per_worker=auto'
+      f'for a plain average of gradients with equal weights, but {why}; use per_worker=auto'
     )
   if way == 'shared' and config.sync.method not in SHARED_MODEL:
     raise ValueError(
@@ -263,7 +267,7 @@ def check_per_worker(config) -> None:
       f'sync.method={config.sync.method!r} keeps a model per worker. Use it only with '
       f'{", ".join(SHARED_MODEL)}, or per_worker=auto'
     )
-  if config.sync.staggered and way in ('vmap', 'shared'):
+  if config.sync.staggered and way in ('vmap', 'shared', 'mean'):
     raise ValueError(
       f'config.sync.staggered runs the workers one after the other: '
       f'config.sync.per_worker={way!r} contradicts it; use auto or loop'
