@@ -25,6 +25,10 @@ def _txs(workers):
   return {
     'allreduce': optax.chain(jd.sync.allreduce(axis_name=axis), optax.sgd(0.5, momentum=0.9)),
     'local_sgd': optax.chain(optax.sgd(0.5), jd.sync.local_sgd(2, axis_name=axis)),
+    'topk_ef': optax.chain(
+      jd.sync.compressed_allreduce(jd.compress.topk(ratio=0.05), axis_name=axis), optax.sgd(0.5)
+    ),
+    'powersgd': optax.chain(jd.sync.powersgd(2, axis_name=axis), optax.sgd(0.5)),
   }
 
 
@@ -96,6 +100,18 @@ def test_mean_equals_vmap_for_a_plain_all_reduce(model_name, shape):
   if model_name == 'resnet20':  # batch-norm statistics stay per worker
     mean_stat = jax.tree.leaves(mean.model_state)[0]
     assert mean_stat.shape[0] == 8 and not np.allclose(mean_stat[0], mean_stat[1])
+
+
+@pytest.mark.parametrize('tx_name', ['topk_ef', 'powersgd'])
+def test_shared_is_exact_for_compressed_one_model_methods(tx_name):
+  """Error feedback keeps a residual per worker, but every worker applies the same update:
+  the workers' weights stay identical, so reading the first copy changes nothing."""
+  model = jd.models.get('cnn', num_classes=10)
+  shared, shared_losses = _train(model, tx_name, (8, 8, 1), 'shared')
+  vmap, vmap_losses = _train(model, tx_name, (8, 8, 1), 'vmap')
+  for kernel in jax.tree.leaves(vmap.params):
+    np.testing.assert_array_equal(kernel, np.broadcast_to(kernel[:1], kernel.shape))
+  _assert_same((shared.params, shared_losses), (vmap.params, vmap_losses))
 
 
 def test_shared_trains_the_first_workers_model_so_local_sgd_must_not_use_it():
