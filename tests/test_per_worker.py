@@ -102,6 +102,22 @@ def test_mean_equals_vmap_for_a_plain_all_reduce(model_name, shape):
     assert mean_stat.shape[0] == 8 and not np.allclose(mean_stat[0], mean_stat[1])
 
 
+def test_mean_is_exact_for_powersgd_whose_steps_see_only_the_sum_of_gradients():
+  """P, Q and the approximation depend on the workers' error-fed gradients only through
+  their sum, so handing each worker its device's mean trains the same model (the workers'
+  residuals differ, their sum does not); Top-k's selection per worker is not linear."""
+  model = jd.models.get('cnn', num_classes=10)
+  mean, mean_losses = _train(model, 'powersgd', (8, 8, 1), 'mean')
+  vmap, vmap_losses = _train(model, 'powersgd', (8, 8, 1), 'vmap')
+  _assert_same((mean.params, mean_losses), (vmap.params, vmap_losses))
+  residual = lambda s: jax.tree.leaves(s.opt_state[0].residual)[0]
+  np.testing.assert_allclose(residual(mean).sum(0), residual(vmap).sum(0), atol=1e-5)
+  topk_mean, _ = _train(model, 'topk_ef', (8, 8, 1), 'mean')
+  topk_vmap, _ = _train(model, 'topk_ef', (8, 8, 1), 'vmap')
+  a, b = topk_mean.params['Conv_0']['kernel'], topk_vmap.params['Conv_0']['kernel']
+  assert np.all(np.isfinite(a)) and np.abs(a - b).max() > 1e-4
+
+
 @pytest.mark.parametrize('tx_name', ['topk_ef', 'powersgd'])
 def test_shared_is_exact_for_compressed_one_model_methods(tx_name):
   """Error feedback keeps a residual per worker, but every worker applies the same update:

@@ -558,3 +558,7 @@ def test_auto_is_mean_off_the_cpu_only_where_it_is_exact():
     f'{REPO}/configs/digits.py:runlocal', **{'sync.method': 'bucketed_allreduce'}
   )
   assert factory.per_worker(bucketed, 8, 'gpu') == 'mean'  # buckets of a plain all-reduce
+  powersgd = factory.load_config(
+    f'{REPO}/configs/digits.py:runlocal', **{'sync.method': 'powersgd'}
+  )
+  assert factory.per_worker(powersgd, 8, 'gpu') == 'mean'  # linear in the sum (test_per_worker)

@@ -147,7 +147,7 @@ def sync() -> ml_collections.ConfigDict:
   # 'auto' (loop on the CPU; elsewhere 'mean' where exact, else vmap), 'vmap', 'loop',
   # 'shared' (one copy of the weights for the forward pass: only for the one-model methods
   # in factory.SHARED_MODEL) or 'mean' (one backward pass of the device's mean loss: only
-  # for a plain average of gradients, factory.MEAN_ONLY).
+  # where the update sees the gradients only through their sum, factory.MEAN_ONLY).
   s.per_worker = 'auto'
   return s
 

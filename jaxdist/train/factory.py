@@ -210,13 +210,15 @@ SHARED_MODEL = (
 )  # fmt: skip
 
 
-# methods that only average the workers' gradients (per_worker='mean' may hand each worker
-# its device's mean gradient)
-MEAN_ONLY = ('allreduce', 'bucketed_allreduce')
+# methods whose update sees the workers' gradients only through their sum (per_worker='mean'
+# may hand each worker its device's mean gradient): the average, and PowerSGD, whose P, Q and
+# approximation are linear in the sum of the error-fed gradients (the workers' residuals then
+# differ, their sum does not)
+MEAN_ONLY = ('allreduce', 'bucketed_allreduce', 'powersgd')
 
 
 def _mean_not_exact(config) -> str:
-  """Why the chain does more than average the workers' gradients with equal weights ('' if not)."""
+  """Why the chain sees more of the workers' gradients than their equal-weight sum ('' if not)."""
   s = config.sync
   if s.method not in MEAN_ONLY:
     return f'sync.method={s.method!r} is not one of {MEAN_ONLY}'
@@ -259,7 +261,8 @@ def check_per_worker(config) -> None:
   if way == 'mean' and (why := _mean_not_exact(config)):
     raise ValueError(
       "config.sync.per_worker='mean' hands each worker its device's mean gradient, exact only "
-      f'for a plain average of gradients with equal weights, but {why}; use per_worker=auto'
+      f"where the update sees the workers' gradients only through their sum, but {why}; use "
+      'per_worker=auto'
     )
   if way == 'shared' and config.sync.method not in SHARED_MODEL:
     raise ValueError(

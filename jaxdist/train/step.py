@@ -119,15 +119,16 @@ def make_train_step(
     PowerSGD: the same update on every worker); with local SGD, DiLoCo,
     gossip or stale methods the workers' weights differ and it would train
     the wrong model. Opt-in: `'auto'` never picks it.
-  - `'mean'`: for a plain (unweighted) all-reduce of gradients only. One
+  - `'mean'`: for chains that see the workers' gradients only through their
+    equal-weight sum (all-reduce; PowerSGD, linear in that sum). One
     backward pass of the mean of the device's workers' losses, with one
     copy of the weights: every convolution is dense, as in one batch. Each
-    worker is handed the device's mean gradient, and the all-reduce's mean
-    over all workers is then the mean of every worker's own gradient (to
-    float reassociation). Per-worker batch-norm statistics, losses and
-    accuracies stay per worker. Wrong for anything that treats a worker's
-    own gradient nonlinearly (compression, error feedback, clipping,
-    weights per worker): not with `counted`. This function's `'auto'` never
+    worker is handed the device's mean gradient, so the sum over all
+    workers is that of every worker's own gradient (to float
+    reassociation). Per-worker batch-norm statistics, losses and accuracies
+    stay per worker. Wrong for anything that treats a worker's own gradient
+    nonlinearly (Top-k or quantisation, clipping, weights per worker): not
+    with `counted`. This function's `'auto'` never
     picks it; the trainer's does off the CPU where it is exact
     (`jaxdist.train.factory.per_worker`).
   - `'auto'` (default): `'loop'` on the CPU when a device holds more than one
