@@ -52,17 +52,15 @@ from absl import app, flags
 FLAGS = flags.FLAGS
 
 
-def _define_flags():
-  """The binary's flags (defined when run, so tests can import this file beside others)."""
-  flags.DEFINE_list('sizes', ['1000000', '10000000'], 'Vector sizes (float32 elements).')
-  flags.DEFINE_integer('rounds', 20, 'Timed rounds (every function once each); median reported.')
-  flags.DEFINE_integer('workers', 8, 'Workers N for the per-worker wire comparison.')
-  flags.DEFINE_float('ratio', 0.01, 'Kept fraction for the sparsifiers.')
-  flags.DEFINE_float('target', 3.0, 'Approximate Top-k target: at most this many memory passes.')
-  flags.DEFINE_bool('keep_buffers', True, 'Keep freed buffers mapped (glibc mallopt) on Linux.')
-  flags.DEFINE_bool('before', True, 'Also time the implementations before issue 14 (d9014e4).')
-  flags.DEFINE_bool('prng', True, "Also time the random bits alone, for each of JAX's PRNGs.")
-  flags.DEFINE_string('results', None, 'Also write the tables as markdown here, with the command.')
+flags.DEFINE_list('sizes', ['1000000', '10000000'], 'Vector sizes (float32 elements).')
+flags.DEFINE_integer('rounds', 20, 'Timed rounds (every function once each); median reported.')
+flags.DEFINE_integer('workers', 8, 'Workers N for the per-worker wire comparison.')
+flags.DEFINE_float('ratio', 0.01, 'Kept fraction for the sparsifiers.')
+flags.DEFINE_float('target', 3.0, 'Approximate Top-k target: at most this many memory passes.')
+flags.DEFINE_bool('keep_buffers', True, 'Keep freed buffers mapped (glibc mallopt) on Linux.')
+flags.DEFINE_bool('before', True, 'Also time the implementations before issue 14 (d9014e4).')
+flags.DEFINE_bool('prng', True, "Also time the random bits alone, for each of JAX's PRNGs.")
+flags.DEFINE_string('results', None, 'Also write the tables as markdown here, with the command.')
 
 
 def _matrix_shape(n: int) -> tuple[int, int]:
@@ -475,5 +473,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  _define_flags()
   app.run(main)

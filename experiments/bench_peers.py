@@ -75,19 +75,17 @@ TARGET_DENSE_VS_DDP = 0.5  # issue 14: jaxdist's dense step at most this times D
 TARGET_RATIOS = {'powersgd2': 1.1, 'topk1_ef': 1.2}  # issue 14: step ÷ dense at most these
 
 
-def _define_flags():
-  """The binary's flags (defined when run, so tests can import this file beside others)."""
-  flags.DEFINE_string('workdir', None, 'Directory; each jaxdist method trains in a subdirectory.')
-  flags.DEFINE_string('out', None, "Append the peers' JSON lines here.")
-  flags.DEFINE_string('results', None, 'Also write the table as markdown here, with the command.')
-  flags.DEFINE_integer('steps', 300, 'Training steps (the peers: 300).')
-  flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
-  flags.DEFINE_string(
-    'torch_python', None, 'A Python with torch: also run DDP (the peers) on the same work.'
-  )
-  flags.DEFINE_string('peers_dir', PEERS_DIR, f"The folder holding the peers' {PEER_SCRIPT}.")
-  flags.DEFINE_float('torch_timeout_s', 600, 'Kill a DDP run after this long (side_by_side.sh).')
-  flags.mark_flags_as_required(['workdir'])
+flags.DEFINE_string('workdir', None, 'Directory; each jaxdist method trains in a subdirectory.')
+flags.DEFINE_string('out', None, "Append the peers' JSON lines here.")
+flags.DEFINE_string('results', None, 'Also write the table as markdown here, with the command.')
+flags.DEFINE_integer('steps', 300, 'Training steps (the peers: 300).')
+flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
+flags.DEFINE_string(
+  'torch_python', None, 'A Python with torch: also run DDP (the peers) on the same work.'
+)
+flags.DEFINE_string('peers_dir', PEERS_DIR, f"The folder holding the peers' {PEER_SCRIPT}.")
+flags.DEFINE_float('torch_timeout_s', 600, 'Kill a DDP run after this long (side_by_side.sh).')
+flags.mark_flags_as_required(['workdir'])
 
 
 def ddp_command(torch_python: str, peers_dir: str, method: str, steps: int) -> list[str]:
@@ -330,5 +328,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  _define_flags()
   app.run(main)
