@@ -431,13 +431,26 @@ def test_scadles_rule_by_hand():
     ({'adaptive': 'gravac', 'sync.method': 'compressed_allreduce', 'gravac.decay': 1.0},
      r'config.gravac: decay'),
     ({'noise_every': -3}, r'noise_every must be >= 0'),
+    ({'sync.per_worker': 'scan'}, r"per_worker must be 'auto', 'vmap', 'loop', 'shared' or 'mean'"),
+    ({'sync.per_worker': 'shared', 'sync.method': 'local_sgd'},
+     r"per_worker='shared' reads one worker's weights.*'local_sgd' keeps a model per worker"),
+    ({'sync.per_worker': 'vmap', 'sync.staggered': True}, r'staggered .* contradicts it'),
+    ({'sync.per_worker': 'mean', 'sync.method': 'compressed_allreduce'},
+     r"per_worker='mean' hands each worker its device's mean gradient"),
+    ({'sync.per_worker': 'mean', 'sync.local_clip.max_norm': 1.0},
+     r"but sync.local_clip clips each worker's own gradient"),
+    ({'sync.per_worker': 'mean', 'sync.method': 'bucketed_allreduce',
+      'sync.bucketed_allreduce.averager': 'compressed_allreduce'},
+     r"but sync.bucketed_allreduce.averager='compressed_allreduce' compresses"),
+    ({'sync.per_worker': 'mean', 'sync.staggered': True}, r'staggered .* contradicts it'),
   ],
 )  # fmt: skip
-def test_adaptive_bad_input_names_the_key(tmp_path, data_dir, monkeypatch, overrides, message):
+def test_bad_input_names_the_key(tmp_path, data_dir, monkeypatch, overrides, message):
   monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
   config = factory.load_config(f'{REPO}/configs/digits.py:runlocal', **overrides)
   with pytest.raises(factory.ConfigError, match=message):
     factory.build(config, str(tmp_path / 'never'))
+  assert not (tmp_path / 'never').exists()
 
 
 def test_a_controller_decides_each_step_from_the_step_before(tmp_path, data_dir, monkeypatch):
@@ -480,31 +493,6 @@ def _gravac(config):
   config.sync.method = 'compressed_allreduce'
   config.adaptive = 'gravac'
   return config
-
-
-@pytest.mark.parametrize(
-  'overrides, message',
-  [
-    ({'sync.per_worker': 'scan'}, r"per_worker must be 'auto', 'vmap', 'loop', 'shared' or 'mean'"),
-    ({'sync.per_worker': 'shared', 'sync.method': 'local_sgd'},
-     r"per_worker='shared' reads one worker's weights.*'local_sgd' keeps a model per worker"),
-    ({'sync.per_worker': 'vmap', 'sync.staggered': True}, r'staggered .* contradicts it'),
-    ({'sync.per_worker': 'mean', 'sync.method': 'compressed_allreduce'},
-     r"per_worker='mean' hands each worker its device's mean gradient"),
-    ({'sync.per_worker': 'mean', 'sync.local_clip.max_norm': 1.0},
-     r"but sync.local_clip clips each worker's own gradient"),
-    ({'sync.per_worker': 'mean', 'sync.method': 'bucketed_allreduce',
-      'sync.bucketed_allreduce.averager': 'compressed_allreduce'},
-     r"but sync.bucketed_allreduce.averager='compressed_allreduce' compresses"),
-    ({'sync.per_worker': 'mean', 'sync.staggered': True}, r'staggered .* contradicts it'),
-  ],
-)  # fmt: skip
-def test_per_worker_bad_input_names_the_key(tmp_path, data_dir, monkeypatch, overrides, message):
-  monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
-  config = factory.load_config(f'{REPO}/configs/digits.py:runlocal', **overrides)
-  with pytest.raises(factory.ConfigError, match=message):
-    factory.build(config, str(tmp_path / 'never'))
-  assert not (tmp_path / 'never').exists()
 
 
 def test_shared_weights_train_the_all_reduce_run_of_per_worker_weights(
