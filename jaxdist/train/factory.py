@@ -24,6 +24,7 @@ from jaxdist import compress, control, data, models, netmodel, runtime, sync
 from jaxdist.faults import inject
 from jaxdist.train import adaptive
 from jaxdist.train import config as config_lib
+from jaxdist.train import step as step_lib
 
 
 class ConfigError(ValueError):
@@ -254,7 +255,7 @@ def per_worker(config, per_device: int, platform: str) -> str:
 def check_per_worker(config) -> None:
   """`config.sync.per_worker`: a way make_train_step knows; 'shared' and 'mean' where exact."""
   way = config.sync.per_worker
-  if way not in ('auto', 'vmap', 'loop', 'shared', 'mean'):
+  if way not in step_lib.PER_WORKER:
     raise ValueError(
       f"config.sync.per_worker must be 'auto', 'vmap', 'loop', 'shared' or 'mean', got {way!r}"
     )
@@ -270,7 +271,7 @@ def check_per_worker(config) -> None:
       f'sync.method={config.sync.method!r} keeps a model per worker. Use it only with '
       f'{", ".join(SHARED_MODEL)}, or per_worker=auto'
     )
-  if config.sync.staggered and way in ('vmap', 'shared', 'mean'):
+  if config.sync.staggered and way in step_lib.TOGETHER:
     raise ValueError(
       f'config.sync.staggered runs the workers one after the other: '
       f'config.sync.per_worker={way!r} contradicts it; use auto or loop'
@@ -658,8 +659,6 @@ def _model_args(cfg) -> dict[str, Any]:
 
 def _num_params(model, ds: data.Dataset) -> int:
   """Elements of one replica's parameters (without evaluating them)."""
-  from jaxdist.train import step as step_lib
-
   params = jax.eval_shape(lambda k: step_lib.init_params(model, k, ds.image_shape)[0],
                           jax.random.key(0))  # fmt: skip
   return sum(x.size for x in jax.tree.leaves(params))

@@ -86,6 +86,11 @@ def make_init(
   return jax.jit(init, out_shardings=workers.sharding)
 
 
+# make_train_step's ways of running a device's simulated workers; TOGETHER run them at once
+PER_WORKER = ('auto', 'vmap', 'loop', 'shared', 'mean')
+TOGETHER = ('vmap', 'shared', 'mean')
+
+
 def make_train_step(
   model: nn.Module,
   tx: optax.GradientTransformation,
@@ -187,13 +192,13 @@ def make_train_step(
     accuracy = jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32), axis=-1)
     return grads, model_state, loss, accuracy
 
-  if per_worker not in ('auto', 'vmap', 'loop', 'shared', 'mean'):
+  if per_worker not in PER_WORKER:
     raise ValueError(
       f"per_worker must be 'auto', 'vmap', 'loop', 'shared' or 'mean', got {per_worker!r}"
     )
   if counted and per_worker == 'mean':
     raise ValueError("per_worker='mean' hands every worker one mean gradient: not with counted")
-  if staggered and per_worker in ('vmap', 'shared', 'mean'):
+  if staggered and per_worker in TOGETHER:
     raise ValueError(
       f'staggered runs workers one after the other: per_worker={per_worker!r} contradicts it'
     )
