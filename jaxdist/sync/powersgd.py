@@ -7,9 +7,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax import lax
+from jax.flatten_util import ravel_pytree
 
 from jaxdist import comm
 from jaxdist.compress.lowrank import PowerSGD, orthogonalize
@@ -186,14 +186,12 @@ def _warmup(layout, axis_name, updates, residual, qs, count, key):
 
 
 def _psum_flat(arrays: list[jax.Array], axis_name) -> list[jax.Array]:
-  """Sums over workers of float32 `arrays` in one all-reduce of one flat buffer."""
+  """Sums over workers of `arrays`, as float32, in one all-reduce of one flat buffer."""
   if not arrays:
     return []
-  total, _ = comm.psum(
-    jnp.concatenate([a.astype(jnp.float32).reshape(-1) for a in arrays]), axis_name
-  )
-  ends = np.cumsum([a.size for a in arrays])
-  return [total[e - a.size : e].reshape(a.shape) for a, e in zip(arrays, ends, strict=True)]
+  flat, unravel = ravel_pytree([a.astype(jnp.float32) for a in arrays])
+  total, _ = comm.psum(flat, axis_name)
+  return unravel(total)
 
 
 def _power_step(c: PowerSGD, matrices, dense, qs, axis_name, step_key):
