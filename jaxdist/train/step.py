@@ -163,12 +163,14 @@ def make_train_step(
   times it ran this step summed over workers.
   """
 
+  def accuracy_of(logits, y, *count):
+    correct = (jnp.argmax(logits, -1) == y).astype(jnp.float32)
+    return masked_mean(correct, *count) if count else jnp.mean(correct)
+
   def gradients(params, model_state, x, y, *count):
     grad_fn = jax.value_and_grad(loss_fn, argnums=1, has_aux=True)
     (loss, (logits, model_state)), grads = grad_fn(model, params, model_state, x, y, True, *count)
-    correct = (jnp.argmax(logits, -1) == y).astype(jnp.float32)
-    accuracy = masked_mean(correct, *count) if count else jnp.mean(correct)
-    return grads, model_state, loss, accuracy
+    return grads, model_state, loss, accuracy_of(logits, y, *count)
 
   def update(grads, opt_state, params, tx_args, *extra):  # extra: (count,) or (count, scale)
     kwargs = {'weight': extra[0]} if extra else {}
@@ -189,8 +191,7 @@ def make_train_step(
     first = jax.tree.map(lambda p: p[0], params)
     (_, (loss, logits, model_state)), grad = jax.value_and_grad(mean_loss, has_aux=True)(first)
     grads = jax.tree.map(lambda g: jnp.broadcast_to(g, (workers_here, *g.shape)), grad)
-    accuracy = jnp.mean((jnp.argmax(logits, -1) == y).astype(jnp.float32), axis=-1)
-    return grads, model_state, loss, accuracy
+    return grads, model_state, loss, jax.vmap(accuracy_of)(logits, y)
 
   if per_worker not in PER_WORKER:
     raise ValueError(
