@@ -515,6 +515,8 @@ def test_shared_weights_train_the_all_reduce_run_of_per_worker_weights(
   for way in ('shared', 'mean'):
     assert np.all(np.isfinite(losses[way]))
     np.testing.assert_allclose(losses[way], losses['vmap'], rtol=1e-5, atol=1e-6)
+    for leaf in jax.tree.leaves(runs[way][2]):
+      assert np.all(np.isfinite(leaf))
     jax.tree.map(
       lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6),
       runs[way][2],
