@@ -300,28 +300,28 @@ def compressed_allreduce(
       index = jnp.where(
         (index < 0) | (index >= len(ratios)), len(branches) - 1, index * len(options) + way
       )  # out of range: dense
-      mean, local, mask, cstate, counts = lax.switch(
+      mean, rest, sent_sq, mask, cstate, counts = lax.switch(
         comm.agree(index, axis_name), branches, *operands
       )
     elif ratios:
       branches.append(_dense_branch(wire, axis_name))
       index = jnp.asarray(candidate, jnp.int32)
       index = jnp.where((index < 0) | (index > len(ratios)), len(ratios), index)  # else dense
-      mean, local, mask, cstate, counts = lax.switch(
+      mean, rest, sent_sq, mask, cstate, counts = lax.switch(
         comm.agree(index, axis_name), branches, *operands
       )
     elif stage_of is None:
-      mean, local, mask, cstate, counts = branches[0](*operands)
+      mean, rest, sent_sq, mask, cstate, counts = branches[0](*operands)
     else:
-      mean, local, mask, cstate, counts = lax.switch(
+      mean, rest, sent_sq, mask, cstate, counts = lax.switch(
         comm.agree(stage_of(state.count), axis_name), branches, *operands
       )
     norms = (
-      jnp.stack([sum(jnp.sum(x * x) for x in xs) for xs in (wanted, local)])
+      jnp.stack([sum(jnp.sum(x * x) for x in wanted), sent_sq])
       if wanted
       else (jnp.zeros([2], jnp.float32))
     )
-    residual = tuple(w - lo for w, lo in zip(wanted, local, strict=True)) if error_feedback else ()
+    residual = rest if error_feedback else ()
     if momentum_correction:
       momentum = tuple(jnp.where(m, 0.0, u) for m, u in zip(mask, momentum, strict=True))
     out = list(leaves)
@@ -461,12 +461,12 @@ def _stage_branch(s: int, stages, chosen, wire, step_key, axis_name, n, leader, 
   def branch(wanted, cstate):
     c = stages[s]
     keys = [_key(c, step_key, j, axis_name) for j in range(len(wanted))]
-    mean, local, mask, new_c = _exchange(
+    mean, (rest, sent_sq), mask, new_c = _exchange(
       c, chosen, wanted, cstate[s], keys, axis_name, n, leader, count
     )
     cstate = tuple(new_c if i == s else cs for i, cs in enumerate(cstate))
     counts = [int(ws == s and col == chosen) for ws, col, ts in wire for _ in ts]
-    return mean, local, mask, cstate, jnp.asarray(counts, jnp.int32)
+    return mean, rest, sent_sq, mask, cstate, jnp.asarray(counts, jnp.int32)
 
   return branch
 
@@ -492,9 +492,10 @@ def _dense_branch(wire, axis_name):
 
   def branch(wanted, cstate):
     mean, _ = comm.pmean(wanted, axis_name)
+    rest, sent_sq = _kept_back(wanted, wanted)
     mask = tuple(jnp.ones(w.shape, bool) for w in wanted)
     counts = [int(i == fallback) for i, (_, _, ts) in enumerate(wire) for _ in ts]
-    return mean, wanted, mask, cstate, jnp.asarray(counts, jnp.int32)
+    return mean, rest, sent_sq, mask, cstate, jnp.asarray(counts, jnp.int32)
 
   return branch
 
@@ -521,17 +522,18 @@ def _key(c, step_key, group: int, axis_name):
 
 
 def _exchange(c, collective, wanted, cstates, keys, axis_name, n, leader, count):
-  """(mean over workers, own contribution, sent mask, new compressor states) per group."""
+  """Per group: (mean over workers, (kept back, ‖sent‖²), sent mask, new compressor states)."""
   sizes = [w.size for w in wanted]
   encoded = [c.encode(w, s, k) for w, s, k in zip(wanted, cstates, keys, strict=True)]
   payloads = tuple(p for p, _ in encoded)
   new_states = tuple(s for _, s in encoded)
-  local = tuple(c.decode(p, s, m) for p, s, m in zip(payloads, new_states, sizes, strict=True))
-  mask = (
-    tuple(scatter(jnp.ones_like(p[0]), p[1], m) > 0 for p, m in zip(payloads, sizes, strict=True))
-    if c.sparse
-    else None
-  )
+  if c.sparse:
+    kept = _kept_back_sparse(wanted, payloads)
+    sent = zip(payloads, sizes, strict=True)
+    mask = tuple(scatter(jnp.ones_like(v), i, m) > 0 for (v, i), m in sent)
+  else:
+    local = tuple(c.decode(p, s, m) for p, s, m in zip(payloads, new_states, sizes, strict=True))
+    kept, mask = _kept_back(wanted, local), None
 
   if collective == 'allgather':
     gathered, _ = comm.all_gather(payloads, axis_name)
@@ -544,12 +546,12 @@ def _exchange(c, collective, wanted, cstates, keys, axis_name, n, leader, count)
       mean = tuple(
         _mean_decoded(c, g, s, m) for g, s, m in zip(gathered, new_states, sizes, strict=True)
       )
-    return mean, local, mask, new_states
+    return mean, kept, mask, new_states
 
   if not c.sparse:  # summable payloads
     summed, _ = comm.psum(payloads, axis_name)
     mean = tuple(c.decode(p, s, m) / n for p, s, m in zip(summed, new_states, sizes, strict=True))
-    return mean, local, mask, new_states
+    return mean, kept, mask, new_states
 
   # AR-compatible Top-k: the leader's indices, everybody's own values there.
   me = comm.axis_index(axis_name)
@@ -563,11 +565,29 @@ def _exchange(c, collective, wanted, cstates, keys, axis_name, n, leader, count)
   own = tuple(take(w, idx) for w, idx in zip(wanted, indices, strict=True))
   sums, _ = comm.psum(own, axis_name)
   mean = tuple(scatter(v, idx, m) / n for v, idx, m in zip(sums, indices, sizes, strict=True))
-  local = tuple(scatter(v, idx, m) for v, idx, m in zip(own, indices, sizes, strict=True))
+  kept = _kept_back_sparse(wanted, tuple(zip(own, indices, strict=True)))
   mask = tuple(
     scatter(jnp.ones_like(v), idx, m) > 0 for v, idx, m in zip(own, indices, sizes, strict=True)
   )
-  return mean, local, mask, new_states
+  return mean, kept, mask, new_states
+
+
+def _kept_back(wanted, local) -> tuple[tuple[jax.Array, ...], jax.Array]:
+  """(w − C(w) per group, Σ‖C(w)‖²) from the decoded contributions C(w)."""
+  rest = tuple(w - lo for w, lo in zip(wanted, local, strict=True))
+  return rest, sum((jnp.sum(lo * lo) for lo in local), jnp.float32(0))
+
+
+def _kept_back_sparse(wanted, payloads) -> tuple[tuple[jax.Array, ...], jax.Array]:
+  """`_kept_back` for (values, indices) payloads, without decoding them densely.
+
+  A sparse payload's indices are distinct (padding slots point past the end
+  and are dropped), so w − scatter(v, i) is w with v subtracted at i (the
+  same floats: 0 + v is v) and ‖C(w)‖² is Σ v²: one scatter into w and a sum
+  over k values instead of a dense decode, a subtraction and a sum over n.
+  """
+  rest = tuple(w.at[i].add(-v, mode='drop') for w, (v, i) in zip(wanted, payloads, strict=True))
+  return rest, sum((jnp.sum(v * v) for v, _ in payloads), jnp.float32(0))
 
 
 def _mean_decoded(c: Compressor, gathered, state, size: int) -> jax.Array:
