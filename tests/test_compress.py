@@ -7,6 +7,7 @@ import pytest
 from jax.extend.random import threefry_2x32
 
 from jaxdist import compress as C
+from jaxdist.compress import sparsify
 from jaxdist.compress.base import threefry2x32
 
 N = 1000
@@ -75,6 +76,67 @@ def test_topk_keeps_exactly_the_k_largest():
   assert len(kept) == 50
   np.testing.assert_array_equal(np.sort(kept), np.sort(np.argsort(-np.abs(np.asarray(X)))[:50]))
   np.testing.assert_array_equal(out[kept], np.asarray(X)[kept])
+
+
+def _top_k_reference(a, k):
+  """NumPy's top k of a (>= 0): descending values, ties to the lower position."""
+  order = np.argsort(-a, kind='stable')[:k]
+  return a[order], order
+
+
+def _candidate_cases():
+  rng = np.random.default_rng(0)
+  n = 100_000
+  normal = np.abs(rng.standard_normal(n)).astype(np.float32)
+  return {  # (a, k, whether the candidates hold the answer, or the fallback runs)
+    'normal': (normal, 1000, True),
+    'ties': (np.round(normal * 4) / 4, 1000, True),  # the k-th value shared by hundreds
+    'zeros': (np.zeros(n, np.float32), 500, False),  # every element at the threshold
+    'ascending': (np.arange(n, dtype=np.float32), 3000, True),
+    'one hot': (np.eye(1, n, 777, dtype=np.float32)[0], 64, False),  # the sample sees 0s
+    'sparse spikes': (np.where(np.arange(n) % 997 == 0, normal + 10, normal * 1e-3), 80, True),
+  }
+
+
+@pytest.mark.parametrize('case', list(_candidate_cases()))
+def test_top_k_from_candidates_is_numpys_top_k(case):
+  a, k, found = _candidate_cases()[case]
+  assert bool(jax.jit(sparsify._candidates, static_argnums=1)(jnp.asarray(a), k)[2]) == found
+  values, idx = jax.jit(sparsify._top_k_candidates, static_argnums=1)(jnp.asarray(a), k)
+  want_values, want_idx = _top_k_reference(a, k)
+  np.testing.assert_array_equal(np.asarray(idx), want_idx)
+  np.testing.assert_array_equal(np.asarray(values), want_values)
+  lax_values, lax_idx = jax.lax.top_k(jnp.asarray(a), k)  # and what it stands in for
+  np.testing.assert_array_equal(np.asarray(idx), np.asarray(lax_idx))
+  np.testing.assert_array_equal(np.asarray(values), np.asarray(lax_values))
+
+
+def test_top_k_from_candidates_under_vmap_with_one_row_in_the_fallback():
+  cases = _candidate_cases()
+  rows = np.stack([cases['normal'][0], cases['zeros'][0], cases['ties'][0]])
+  found = jax.jit(jax.vmap(lambda a: sparsify._candidates(a, 700)[2]))(rows)
+  np.testing.assert_array_equal(np.asarray(found), [True, False, True])
+  values, idx = jax.jit(jax.vmap(lambda a: sparsify._top_k_candidates(a, 700)))(rows)
+  for row, v, i in zip(rows, np.asarray(values), np.asarray(idx), strict=True):
+    want_values, want_idx = _top_k_reference(row, 700)
+    np.testing.assert_array_equal(i, want_idx)
+    np.testing.assert_array_equal(v, want_values)
+
+
+def test_top_k_from_candidates_ranks_nan_as_top_k_does():
+  a = _candidate_cases()['normal'][0].copy()
+  a[[5, 50_000]] = np.nan
+  values, idx = jax.jit(sparsify._top_k_candidates, static_argnums=1)(jnp.asarray(a), 1000)
+  lax_values, lax_idx = jax.lax.top_k(jnp.asarray(a), 1000)
+  np.testing.assert_array_equal(np.asarray(idx), np.asarray(lax_idx))
+  np.testing.assert_array_equal(np.asarray(values), np.asarray(lax_values))  # NaN == NaN here
+  assert {5, 50_000} <= set(np.asarray(idx).tolist())
+
+
+def test_top_k_is_lax_top_k_on_the_cpu():
+  a = jnp.asarray(_candidate_cases()['normal'][0])
+  assert 'sort' not in str(jax.make_jaxpr(lambda a: sparsify.top_k(a, 1000))(a))
+  assert 'sort' in str(jax.make_jaxpr(lambda a: sparsify._top_k_candidates(a, 1000))(a))
 
 
 @pytest.mark.parametrize(

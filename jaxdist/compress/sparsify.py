@@ -66,6 +66,69 @@ def _kth_largest(a: jax.Array, k: int) -> jax.Array:
   return lax.bitcast_convert_type(t, jnp.float32)
 
 
+def top_k(a: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """`lax.top_k(a, k)` of a vector of non-negative floats (|x|, x²), the same arrays.
+
+  On the CPU, and for small vectors, this is `lax.top_k`. Elsewhere (GPUs,
+  TPUs), whose TopK sorts the whole vector when k is large, it is
+  `_top_k_candidates`: the same values and positions in the same order.
+  """
+  if jax.default_backend() == 'cpu' or a.size < CANDIDATES_MIN_SIZE or 16 * k > a.size:
+    return lax.top_k(a, k)
+  return _top_k_candidates(a, k)
+
+
+CANDIDATES_MIN_SIZE = 1 << 16  # below this, the whole vector's top_k is as quick
+
+
+def _top_k_candidates(a: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """`lax.top_k(a, k)` for non-negative floats a, from the elements above a threshold.
+
+  See `_candidates`; where they do not hold the answer, top_k over all of a,
+  in a `while_loop` that runs its body at most once (a `cond` would run both
+  branches under `vmap`).
+  """
+
+  def whole(_):
+    return jnp.bool_(True), *lax.top_k(a, k)
+
+  values, idx, found = _candidates(a, k)
+  _, values, idx = lax.while_loop(lambda c: ~c[0], whole, (found, values, idx))
+  return values, idx
+
+
+def _candidates(a: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(values, positions, found): `lax.top_k(a, k)` from a candidate set where `found`.
+
+  A threshold t is read off a strided sample of a (16,384 elements) where about
+  2k elements of a should lie at or above it. If between k and 4k do (NaN
+  counts as above, as top_k ranks it first), the positions of those
+  candidates are compacted in order (a prefix sum) and top_k runs over the 4k
+  candidate slots instead of all n: the k-th largest value is at least t, so
+  every element of the answer is a candidate; candidates keep their order,
+  so ties break towards the lower position as in top_k, and the answer is the
+  same arrays. Otherwise (a sample that misled, many ties at t) `found` is
+  false and the arrays are not the answer.
+
+  Exact whatever the sample where found; the sample only decides how often
+  it is not. Costs about four passes over a (sample and sort, compare and count,
+  prefix sum, scatter) plus top_k over 4k elements.
+  """
+  n = a.size
+  cap = 4 * k
+  s = min(n, 16384)
+  sample = a[: (n // s) * s : n // s]
+  rank = min(s, -(-2 * k * s // n) + 1)
+  t = jnp.sort(sample)[s - rank]
+  above = ~(a < t)  # a >= t, or NaN
+  before = jnp.cumsum(above.astype(jnp.int32))
+  count = before[-1]
+  slot = jnp.where(above & (before <= cap), before - 1, cap)  # slot cap: dropped
+  where = jnp.full((cap,), n, jnp.int32).at[slot].set(lax.iota(jnp.int32, n), mode='drop')
+  values, picked = lax.top_k(a.at[where].get(mode='fill', fill_value=-1), k)
+  return values, where[picked], (count >= k) & (count <= cap)
+
+
 def _gather(x: jax.Array, idx: jax.Array, valid: jax.Array) -> Payload:
   idx = jnp.where(valid, idx, x.size).astype(jnp.int32)
   return take(x, idx), idx
@@ -104,13 +167,13 @@ class _Sparsifier(Compressor):
 
 @dataclasses.dataclass(frozen=True)
 class TopK(_Sparsifier):
-  """Exact Top-k by magnitude (`lax.top_k`)."""
+  """Exact Top-k by magnitude (`lax.top_k`; off the CPU from a candidate set, see `top_k`)."""
 
   name: ClassVar[str] = 'topk'
 
   def encode(self, x, state, key):
     del key
-    _, idx = lax.top_k(jnp.abs(x), self.kept(x.size))
+    _, idx = top_k(jnp.abs(x), self.kept(x.size))
     return (x[idx], idx.astype(jnp.int32)), state
 
 
