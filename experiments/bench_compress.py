@@ -160,6 +160,7 @@ def _candidates(jd, tau: float, ratio: float, before: bool):
   rounded = lambda cls: type(f'{cls.__name__}Rounded', (cls,), {'coins': lambda _, k, p: p >= 0.5})
   out = [
     ('topk (exact)', c.topk(ratio=ratio)),
+    ('topk (exact, candidates)', c.topk(ratio=ratio, candidates=True)),
     ('mstopk', c.mstopk(ratio=ratio)),
     ('dgc', c.dgc(ratio=ratio)),
     ('dgc before', dgc_before(ratio=ratio)),

@@ -133,10 +133,14 @@ def test_top_k_from_candidates_ranks_nan_as_top_k_does():
   assert {5, 50_000} <= set(np.asarray(idx).tolist())
 
 
-def test_top_k_is_lax_top_k_on_the_cpu():
-  a = jnp.asarray(_candidate_cases()['normal'][0])
-  assert 'sort' not in str(jax.make_jaxpr(lambda a: sparsify.top_k(a, 1000))(a))
-  assert 'sort' in str(jax.make_jaxpr(lambda a: sparsify._top_k_candidates(a, 1000))(a))
+def test_topk_with_candidates_sends_the_same_payload():
+  x = jnp.asarray(np.random.default_rng(1).standard_normal(50_000), jnp.float32)
+  plain = C.topk(ratio=0.01).encode(x, None, None)[0]
+  from_candidates = C.topk(ratio=0.01, candidates=True).encode(x, None, None)[0]
+  for got, want in zip(from_candidates, plain, strict=True):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  encode = lambda x: C.topk(k=5, candidates=True).encode(x, None, None)
+  assert 'sort' in str(jax.make_jaxpr(encode)(x))  # the candidates' way ran
 
 
 @pytest.mark.parametrize(

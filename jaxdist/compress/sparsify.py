@@ -66,27 +66,12 @@ def _kth_largest(a: jax.Array, k: int) -> jax.Array:
   return lax.bitcast_convert_type(t, jnp.float32)
 
 
-def top_k(a: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-  """`lax.top_k(a, k)` of a vector of non-negative floats (|x|, x²), the same arrays.
-
-  On the CPU, and for small vectors, this is `lax.top_k`. Elsewhere (GPUs,
-  TPUs), whose TopK sorts the whole vector when k is large, it is
-  `_top_k_candidates`: the same values and positions in the same order.
-  """
-  if jax.default_backend() == 'cpu' or a.size < CANDIDATES_MIN_SIZE or 16 * k > a.size:
-    return lax.top_k(a, k)
-  return _top_k_candidates(a, k)
-
-
-CANDIDATES_MIN_SIZE = 1 << 16  # below this, the whole vector's top_k is as quick
-
-
 def _top_k_candidates(a: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
   """`lax.top_k(a, k)` for non-negative floats a, from the elements above a threshold.
 
   See `_candidates`; where they do not hold the answer, top_k over all of a,
   in a `while_loop` that runs its body at most once (a `cond` would run both
-  branches under `vmap`).
+  branches under `vmap`). `TopK(candidates=True)`'s way.
   """
 
   def whole(_):
@@ -167,12 +152,24 @@ class _Sparsifier(Compressor):
 
 @dataclasses.dataclass(frozen=True)
 class TopK(_Sparsifier):
-  """Exact Top-k by magnitude (`lax.top_k`; off the CPU from a candidate set, see `top_k`)."""
+  """Exact Top-k by magnitude (`lax.top_k`).
 
+  With `candidates`, the same payload (values, positions, their order) from a
+  candidate set: elements above a threshold read off a strided sample, then
+  `lax.top_k` over 4k of them, falling back to the whole vector where the
+  sample misled (`_top_k_candidates`). Meant for accelerators whose TopK
+  sorts the whole vector when k is large; on the CPU it is slower (its prefix
+  sum and scatter over all n cost more than `lax.top_k`'s selection), and it
+  has not yet been timed on an accelerator (`experiments/bench_compress.py`
+  prints both rows side by side).
+  """
+
+  candidates: bool = False
   name: ClassVar[str] = 'topk'
 
   def encode(self, x, state, key):
     del key
+    top_k = _top_k_candidates if self.candidates else lax.top_k
     _, idx = top_k(jnp.abs(x), self.kept(x.size))
     return (x[idx], idx.astype(jnp.int32)), state
 

@@ -38,7 +38,7 @@ from jax.flatten_util import ravel_pytree
 from jaxdist import comm, compress, netmodel
 from jaxdist.compress.base import Compressor
 from jaxdist.compress.lowrank import PowerSGD
-from jaxdist.compress.sparsify import scatter, take, top_k
+from jaxdist.compress.sparsify import scatter, take
 from jaxdist.sync import _checks
 
 COLLECTIVES = ('allgather', 'allreduce', 'auto')
@@ -476,7 +476,7 @@ def _gains(wanted, stages, total_sq) -> jax.Array:
   kept = jnp.zeros([len(stages)], jnp.float32)
   for w in wanted:
     ks = [c.kept(w.size) for c in stages]
-    top = jnp.cumsum(top_k(w * w, max(ks))[0])
+    top = jnp.cumsum(lax.top_k(w * w, max(ks))[0])
     kept = kept + jnp.stack([top[k - 1] for k in ks])
   return jnp.where(total_sq > 0, kept / jnp.maximum(total_sq, 1e-30), 1.0)
 
