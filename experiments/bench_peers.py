@@ -21,6 +21,11 @@ each worker hands to the collective per step, averaged over the run: DDP's
 are its script's analytic figures, and its PowerSGD starts after 10 dense
 steps (`start_powerSGD_iter`) where jaxdist's compresses from the first.
 
+--repeats=R runs each jaxdist method R times: after the first pass, the
+jaxdist methods run again in turn, R - 1 times; a method's ms is the median
+of its runs' medians, and every pass's own ratios to dense are listed under
+the table (on this 2-core machine a ratio moves by about 0.05 between runs).
+
 --results writes the table as markdown with the command, machine, date and
 load average; --out appends one JSON line per run in the peers' format
 (DDP's as its script printed it). A failed DDP run leaves its cells empty,
@@ -28,11 +33,12 @@ is reported under the table, and makes the exit status 1.
 
   python experiments/bench_peers.py --workdir=/tmp/peers
   python experiments/bench_peers.py --workdir=/tmp/peers --torch_python=/work/torchenv/bin/python \
-      --results=experiments/results/peers_bench.md
+      --repeats=3 --results=experiments/results/peers_bench.md
 """
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -86,6 +92,14 @@ flags.DEFINE_string(
 )
 flags.DEFINE_string('peers_dir', PEERS_DIR, f"The folder holding the peers' {PEER_SCRIPT}.")
 flags.DEFINE_float('torch_timeout_s', 600, 'Kill a DDP run after this long (side_by_side.sh).')
+flags.DEFINE_integer(
+  'repeats',
+  1,
+  'Runs of each jaxdist method: after the first pass (DDP, then jaxdist, per method) every '
+  "jaxdist method runs again in turn, repeats - 1 times; its ms is the median of its runs' "
+  'medians, and each pass gives its own ratios to dense.',
+  lower_bound=1,
+)
 flags.mark_flags_as_required(['workdir'])
 
 
@@ -167,6 +181,40 @@ def side_by_side_rows(
       'ddp_error': line.get('error') if line is not None and not _ok(line) else None,
     })  # fmt: skip
   return rows
+
+
+def combine(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+  """One method's runs (summary.json each) as one summary: the median of their median steps.
+
+  Accuracy and payload come from the first run; every run trains the same steps from the
+  same seed, and `pass_notes` reports any run whose accuracy differs.
+  """
+  steps = [r['median_step_s'] for r in runs if r.get('median_step_s') is not None]
+  out = dict(runs[0])
+  out['median_step_s'] = statistics.median(steps) if steps else None
+  out['runs_median_step_s'] = [r.get('median_step_s') for r in runs]
+  return out
+
+
+def pass_notes(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+  """With repeats, one line per pass: each method's step ÷ that pass's dense step."""
+  passes = max((len(r) for r in runs.values()), default=0)
+  if passes < 2 or 'dense' not in runs:
+    return []
+  out = []
+  for i in range(passes):
+    dense = runs['dense'][i].get('median_step_s') if i < len(runs['dense']) else None
+    cells = []
+    for name, rs in runs.items():
+      if name != 'dense' and i < len(rs):
+        ratio = _div(rs[i].get('median_step_s'), dense)
+        cells.append(f'{name} {"-" if ratio is None else f"{ratio:.2f}"}')
+    out.append(f'pass {i + 1}, step ÷ dense: ' + ', '.join(cells))
+  for name, rs in runs.items():
+    accs = [r.get('test_accuracy') for r in rs]
+    if any(a != accs[0] for a in accs):
+      out.append(f'{name}: accuracy differs between runs: {accs}')
+  return out
 
 
 def fmt(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -270,7 +318,15 @@ def main(argv):
   )
   configs = {name: cli.run(compare.variant_config, base, name) for name in METHODS}
   load_before = _load()
-  summaries, ddp = {}, {}
+  runs, ddp = {}, {}
+
+  def train(config, workdir: str) -> dict[str, Any]:
+    if os.path.exists(os.path.join(workdir, trainer.SUMMARY_FILE)):
+      print(f'warning: {workdir} holds a finished run: its times are from then, not now')
+    cli.run(trainer.train_and_evaluate, config, workdir)
+    with open(os.path.join(workdir, trainer.SUMMARY_FILE)) as f:
+      return json.load(f)
+
   for name, config in configs.items():
     if torch_python and name in DDP_ARGS:
       command = ddp_command(torch_python, FLAGS.peers_dir, name, FLAGS.steps)
@@ -282,13 +338,14 @@ def main(argv):
       else:
         print(f'DDP run failed: {ddp[name]["error"]}')
     workdir = os.path.join(FLAGS.workdir, name)
-    if os.path.exists(os.path.join(workdir, trainer.SUMMARY_FILE)):
-      print(f'warning: {workdir} holds a finished run: its times are from then, not now')
     print(f'\n=== jaxdist {name}', flush=True)
-    cli.run(trainer.train_and_evaluate, config, workdir)
-    with open(os.path.join(workdir, trainer.SUMMARY_FILE)) as f:
-      summaries[name] = json.load(f)
-    _append(FLAGS.out, peer_line(name, summaries[name]))
+    runs[name] = [train(config, workdir)]
+    _append(FLAGS.out, peer_line(name, runs[name][0]))
+  for i in range(1, FLAGS.repeats):
+    for name, config in configs.items():
+      print(f'\n=== jaxdist {name}, pass {i + 1} of {FLAGS.repeats}', flush=True)
+      runs[name].append(train(config, os.path.join(FLAGS.workdir, f'{name}.{i + 1}')))
+  summaries = {name: combine(rs) for name, rs in runs.items()}
   load_after = _load()
 
   rows = side_by_side_rows(summaries, ddp)
@@ -303,6 +360,12 @@ def main(argv):
   else:
     title = f'jaxdist, the work of ../shared/peers/side_by_side.sh, {FLAGS.steps} steps'
   notes = [f'load average (1, 5, 15 min) before: {load_before}; after: {load_after}']
+  if FLAGS.repeats > 1:
+    notes.append(
+      f"jaxdist ms: the median of {FLAGS.repeats} runs' median steps; the first pass ran "
+      'each method after its DDP run, the others ran the jaxdist methods in turn'
+    )
+  notes += pass_notes(runs)
   if torch_python:
     notes += [
       "DDP has no Top-k comm hook: that row is jaxdist's alone",

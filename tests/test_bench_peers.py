@@ -130,6 +130,27 @@ def test_rows_put_ddp_beside_jaxdist_and_ratios_to_each_side_s_dense(bench):
   assert bench.targets(alone)[0] == "jaxdist's dense step ÷ DDP's ≤ 0.5: no figure in this run"
 
 
+def test_repeats_combine_to_the_median_and_list_each_pass_s_ratios(bench):
+  runs = {
+    'dense': [summary(10.0, 0.98, 600), summary(12.0, 0.98, 600), summary(11.0, 0.98, 600)],
+    'topk1_ef': [summary(13.0, 0.99, 12), summary(18.0, 0.99, 12), summary(11.0, 0.97, 12)],
+  }
+  combined = {name: bench.combine(rs) for name, rs in runs.items()}
+  assert combined['dense']['median_step_s'] == pytest.approx(0.011)
+  assert combined['topk1_ef']['median_step_s'] == pytest.approx(0.013)
+  assert combined['topk1_ef']['runs_median_step_s'] == pytest.approx([0.013, 0.018, 0.011])
+  assert combined['topk1_ef']['test_accuracy'] == 0.99  # the first run's
+  assert bench.pass_notes(runs) == [
+    'pass 1, step ÷ dense: topk1_ef 1.30',
+    'pass 2, step ÷ dense: topk1_ef 1.50',
+    'pass 3, step ÷ dense: topk1_ef 1.00',
+    'topk1_ef: accuracy differs between runs: [0.99, 0.99, 0.97]',
+  ]
+  assert bench.pass_notes({name: rs[:1] for name, rs in runs.items()}) == []  # one pass
+  row = bench.side_by_side_rows(combined)[1]
+  assert row['jd_ratio'] == pytest.approx(13 / 11)  # median over median, not a pass's ratio
+
+
 def test_missing_peers_dir_stops_before_training(tmp_path, data_dir):
   proc = subprocess.run(
     binary_cmd(
@@ -160,6 +181,7 @@ def test_one_invocation_runs_ddp_and_jaxdist_side_by_side(tmp_path, data_dir, pe
     binary_cmd(
       f'--workdir={tmp_path / "w"}',
       '--steps=3',
+      '--repeats=2',
       f'--out={out}',
       f'--results={results}',
       f'--torch_python={sys.executable}',
@@ -198,4 +220,7 @@ def test_one_invocation_runs_ddp_and_jaxdist_side_by_side(tmp_path, data_dir, pe
   assert table['PowerSGD rank 2'].count(' - ') == 5  # DDP's cells of the failed run
   assert table['Top-k 1% all-gather, EF'].count(' - ') == 5  # no DDP Top-k hook
   assert 'DDP run powersgd2 failed: timeout: no finish' in md
+  assert "jaxdist ms: the median of 2 runs' median steps" in md
+  assert '- pass 1, step ÷ dense: powersgd2 ' in md and '- pass 2, step ÷ dense: ' in md
+  assert all((tmp_path / 'w' / f'{name}.2' / 'summary.json').exists() for name in jd)
   assert 'jaxdist ÷ DDP' in proc.stdout and 'PowerSGD rank 2 ÷ dense ≤ 1.1' in proc.stdout
