@@ -133,6 +133,28 @@ def test_top_k_from_candidates_ranks_nan_as_top_k_does():
   assert {5, 50_000} <= set(np.asarray(idx).tolist())
 
 
+@pytest.mark.parametrize(
+  'c',
+  [
+    C.topk(ratio=0.05),
+    C.topk(ratio=0.05, candidates=True),
+    C.mstopk(ratio=0.05),
+    C.dgc(ratio=0.05),
+    C.threshold(tau=1.0, ratio=0.05),
+    C.threshold(tau=3.5, ratio=0.05),  # fewer pass than k: padding slots
+  ],
+  ids=repr,
+)
+def test_sparse_payloads_have_distinct_indices_and_zero_padding(c):
+  """The contract compressed_allreduce's residual (w minus the values at the indices) needs."""
+  n = np.asarray(X).size
+  values, idx = (np.asarray(a) for a in c.encode(jnp.asarray(X), None, jax.random.key(3))[0])
+  real = idx < n
+  assert np.all(idx <= n) and np.unique(idx[real]).size == real.sum() > 0
+  np.testing.assert_array_equal(values[~real], 0)
+  np.testing.assert_array_equal(values[real], np.asarray(X)[idx[real]])
+
+
 def test_topk_with_candidates_sends_the_same_payload():
   x = jnp.asarray(np.random.default_rng(1).standard_normal(50_000), jnp.float32)
   plain = C.topk(ratio=0.01).encode(x, None, None)[0]

@@ -30,7 +30,9 @@ class Compressor:
 
   name: ClassVar[str] = 'compressor'
   summable: ClassVar[bool] = False  # decode(sum of payloads) == sum of decodes
-  sparse: ClassVar[bool] = False  # payload == (values[k], int32 indices[k])
+  # payload == (values[k], int32 indices[k]), decode == their scatter; the indices are
+  # distinct but for padding slots (index n, value 0): compressed_allreduce relies on it
+  sparse: ClassVar[bool] = False
   unbiased: ClassVar[bool] = False  # E[decode(encode(x))] == x
   stochastic: ClassVar[bool] = False  # encode uses its key
   shared_randomness: ClassVar[bool] = False  # every worker must use the same key
