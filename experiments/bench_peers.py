@@ -23,8 +23,10 @@ steps (`start_powerSGD_iter`) where jaxdist's compresses from the first.
 
 --repeats=R runs each jaxdist method R times: after the first pass, the
 jaxdist methods run again in turn, R - 1 times; a method's ms is the median
-of its runs' medians, and every pass's own ratios to dense are listed under
-the table (on this 2-core machine a ratio moves by about 0.05 between runs).
+of its runs' medians, its ratio to dense the median of the passes' own
+ratios (each pass's runs saw the machine in the same state), and every
+pass's ratios are listed under the table (on this 2-core machine a ratio
+moves by about 0.05 between runs).
 
 --results writes the table as markdown with the command, machine, date and
 load average; --out appends one JSON line per run in the peers' format
@@ -174,13 +176,28 @@ def side_by_side_rows(
     rows.append({
       'variant': name, 'method': LABELS.get(name, name),
       'jd_ms': jd_ms, 'ddp_ms': ddp_ms, 'jd_vs_ddp': _div(jd_ms, ddp_ms),
-      'jd_ratio': _div(jd_ms, jd_dense), 'ddp_ratio': _div(ddp_ms, ddp_dense),
+      'jd_ratio': _pass_ratio(s, summaries.get('dense')) or _div(jd_ms, jd_dense),
+      'ddp_ratio': _div(ddp_ms, ddp_dense),
       'jd_acc': s.get('test_accuracy'), 'ddp_acc': line.get('test_acc') if _ok(line) else None,
       'jd_payload': s.get('payload_bytes_per_step'),
       'ddp_payload': _ddp_payload(line) if _ok(line) else None,
       'ddp_error': line.get('error') if line is not None and not _ok(line) else None,
     })  # fmt: skip
   return rows
+
+
+def _pass_ratio(s: Mapping[str, Any], dense: Mapping[str, Any] | None) -> float | None:
+  """With repeats, the median over passes of each pass's step ÷ that pass's dense step.
+
+  Each pass's pair of runs saw the machine in the same state, so this is steadier than
+  the ratio of the medians; None without repeats (or with a pass missing a figure).
+  """
+  mine = s.get('runs_median_step_s') or []
+  base = (dense or {}).get('runs_median_step_s') or []
+  ratios = [_div(a, b) for a, b in zip(mine, base, strict=False)]
+  if len(mine) < 2 or len(mine) != len(base) or any(r is None for r in ratios):
+    return None
+  return statistics.median(ratios)
 
 
 def combine(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -345,6 +362,7 @@ def main(argv):
     for name, config in configs.items():
       print(f'\n=== jaxdist {name}, pass {i + 1} of {FLAGS.repeats}', flush=True)
       runs[name].append(train(config, os.path.join(FLAGS.workdir, f'{name}.{i + 1}')))
+      _append(FLAGS.out, peer_line(name, runs[name][-1]))
   summaries = {name: combine(rs) for name, rs in runs.items()}
   load_after = _load()
 
@@ -362,8 +380,9 @@ def main(argv):
   notes = [f'load average (1, 5, 15 min) before: {load_before}; after: {load_after}']
   if FLAGS.repeats > 1:
     notes.append(
-      f"jaxdist ms: the median of {FLAGS.repeats} runs' median steps; the first pass ran "
-      'each method after its DDP run, the others ran the jaxdist methods in turn'
+      f"jaxdist ms: the median of {FLAGS.repeats} runs' median steps, and ÷ its dense the "
+      "median of the passes' ratios; the first pass ran each method after its DDP run, the "
+      'others ran the jaxdist methods in turn'
     )
   notes += pass_notes(runs)
   if torch_python:

@@ -148,7 +148,10 @@ def test_repeats_combine_to_the_median_and_list_each_pass_s_ratios(bench):
   ]
   assert bench.pass_notes({name: rs[:1] for name, rs in runs.items()}) == []  # one pass
   row = bench.side_by_side_rows(combined)[1]
-  assert row['jd_ratio'] == pytest.approx(13 / 11)  # median over median, not a pass's ratio
+  assert row['jd_ms'] == pytest.approx(13.0)
+  assert row['jd_ratio'] == pytest.approx(1.3)  # median of 1.3, 1.5, 1.0 (not 13 / 11)
+  one = {name: bench.combine(rs[:1]) for name, rs in runs.items()}
+  assert bench.side_by_side_rows(one)[1]['jd_ratio'] == pytest.approx(1.3)  # 13 / 10
 
 
 def test_missing_peers_dir_stops_before_training(tmp_path, data_dir):
@@ -198,7 +201,9 @@ def test_one_invocation_runs_ddp_and_jaxdist_side_by_side(tmp_path, data_dir, pe
   assert [(r.get('system', 'ddp'), r['hook']) for r in lines] == [
     ('ddp', 'none'), ('jaxdist', 'dense'), ('ddp', 'powersgd2'), ('jaxdist', 'powersgd2'),
     ('ddp', 'localsgd4'), ('jaxdist', 'local4'), ('jaxdist', 'topk1_ef'), ('jaxdist', 'dgc1'),
-  ]  # fmt: skip  # interleaved: each method's DDP run, then jaxdist's
+    ('jaxdist', 'dense'), ('jaxdist', 'powersgd2'), ('jaxdist', 'local4'),
+    ('jaxdist', 'topk1_ef'), ('jaxdist', 'dgc1'),
+  ]  # fmt: skip  # interleaved: each method's DDP run, then jaxdist's; then the second pass
   assert lines[0]['argv'] == [
     '--world_size', '8', '--steps', '3', '--match_jaxdist',
     '--hook', 'none', '--tag', 'side_by_side',

@@ -95,6 +95,8 @@ def _candidate_cases():
     'ascending': (np.arange(n, dtype=np.float32), 3000, True),
     'one hot': (np.eye(1, n, 777, dtype=np.float32)[0], 64, False),  # the sample sees 0s
     'sparse spikes': (np.where(np.arange(n) % 997 == 0, normal + 10, normal * 1e-3), 80, True),
+    # 30,000 elements, the large ones in the last third: a sample of the first 16,384 misses them
+    'large tail': (np.concatenate([normal[:20_000] * 1e-2, normal[20_000:30_000]]), 300, True),
   }
 
 

@@ -582,9 +582,10 @@ def _kept_back_sparse(wanted, payloads) -> tuple[tuple[jax.Array, ...], jax.Arra
   """`_kept_back` for (values, indices) payloads, without decoding them densely.
 
   A sparse payload's indices are distinct (padding slots point past the end
-  and are dropped), so w − scatter(v, i) is w with v subtracted at i (the
-  same floats: 0 + v is v) and ‖C(w)‖² is Σ v²: one scatter into w and a sum
-  over k values instead of a dense decode, a subtraction and a sum over n.
+  and are dropped), so w − scatter(v, i) is w with v subtracted at i (equal
+  floats, up to the sign of a NaN or of a zero: 0 + (−0) is +0) and ‖C(w)‖²
+  is Σ v² (another order of summation): one scatter into w and a sum over k
+  values instead of a dense decode, a subtraction and a sum over n.
   """
   rest = tuple(w.at[i].add(-v, mode='drop') for w, (v, i) in zip(wanted, payloads, strict=True))
   return rest, sum((jnp.sum(v * v) for v, _ in payloads), jnp.float32(0))
