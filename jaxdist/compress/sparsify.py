@@ -29,9 +29,17 @@ def take(x: jax.Array, indices: jax.Array) -> jax.Array:
 
 
 def _compact(mask: jax.Array, k: int, offset: jax.Array | int = 0) -> tuple[jax.Array, jax.Array]:
+  """(indices[k], valid[k]): `_compact_counted`'s positions, and which slots hold one."""
+  idx, total = _compact_counted(mask, k, offset)
+  return idx, jnp.arange(k) < total
+
+
+def _compact_counted(
+  mask: jax.Array, k: int, offset: jax.Array | int = 0
+) -> tuple[jax.Array, jax.Array]:
   """Up to k positions where `mask` holds, scanning from `offset` (cyclically).
 
-  Returns (indices[k], valid[k]); invalid slots hold index n. The rank of each
+  Returns (indices[k], how many positions hold); unfilled slots hold index n. The rank of each
   position among those that hold (in cyclic order from `offset`) comes from a
   prefix sum, and the first k are scattered to their slots; the rest go to a
   spare slot k that is cut off. (`jnp.nonzero` on a rolled copy gives the
@@ -47,7 +55,7 @@ def _compact(mask: jax.Array, k: int, offset: jax.Array | int = 0) -> tuple[jax.
   rank_N = jnp.where(pos_N >= offset, before_N - at_offset, before_N + total - at_offset)
   slot_N = jnp.where(mask & (rank_N < k), rank_N, k)
   idx = jnp.full((k + 1,), n, jnp.int32).at[slot_N].set(pos_N, mode='promise_in_bounds')[:k]
-  return idx, jnp.arange(k) < total
+  return idx, total
 
 
 def _kth_largest(a: jax.Array, k: int) -> jax.Array:
@@ -97,8 +105,8 @@ def _candidates(a: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   false and the arrays are not the answer.
 
   Exact whatever the sample where found; the sample only decides how often
-  it is not. Costs about four passes over a (sample and sort, compare and count,
-  prefix sum, scatter) plus top_k over 4k elements.
+  it is not. Costs about four passes over a (sample and sort, compare, prefix
+  sum, scatter: `_compact_counted`) plus top_k over 4k elements.
   """
   n = a.size
   cap = 4 * k
@@ -106,11 +114,7 @@ def _candidates(a: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   sample = a[np.arange(s, dtype=np.int64) * n // s]  # evenly spaced over all of a
   rank = min(s, -(-2 * k * s // n) + 1)
   t = jnp.sort(sample)[s - rank]
-  above = ~(a < t)  # a >= t, or NaN
-  before = jnp.cumsum(above.astype(jnp.int32))
-  count = before[-1]
-  slot = jnp.where(above & (before <= cap), before - 1, cap)  # slot cap: dropped
-  where = jnp.full((cap,), n, jnp.int32).at[slot].set(lax.iota(jnp.int32, n), mode='drop')
+  where, count = _compact_counted(~(a < t), cap)  # a >= t, or NaN
   values, picked = lax.top_k(a.at[where].get(mode='fill', fill_value=-1), k)
   return values, where[picked], (count >= k) & (count <= cap)
 

@@ -527,49 +527,41 @@ def _exchange(c, collective, wanted, cstates, keys, axis_name, n, leader, count)
   encoded = [c.encode(w, s, k) for w, s, k in zip(wanted, cstates, keys, strict=True)]
   payloads = tuple(p for p, _ in encoded)
   new_states = tuple(s for _, s in encoded)
-  if c.sparse:
-    kept = _kept_back_sparse(wanted, payloads)
-    sent = zip(payloads, sizes, strict=True)
-    mask = tuple(scatter(jnp.ones_like(v), i, m) > 0 for (v, i), m in sent)
-  else:
-    local = tuple(c.decode(p, s, m) for p, s, m in zip(payloads, new_states, sizes, strict=True))
-    kept, mask = _kept_back(wanted, local), None
 
-  if collective == 'allgather':
-    gathered, _ = comm.all_gather(payloads, axis_name)
-    if c.sparse:
-      mean = tuple(
-        scatter(vals.reshape(-1), idx.reshape(-1), m) / n
-        for (vals, idx), m in zip(gathered, sizes, strict=True)
-      )
-    else:
+  if not c.sparse:
+    local = tuple(c.decode(p, s, m) for p, s, m in zip(payloads, new_states, sizes, strict=True))
+    if collective == 'allgather':
+      gathered, _ = comm.all_gather(payloads, axis_name)
       mean = tuple(
         _mean_decoded(c, g, s, m) for g, s, m in zip(gathered, new_states, sizes, strict=True)
       )
-    return mean, kept, mask, new_states
+    else:  # summable payloads
+      summed, _ = comm.psum(payloads, axis_name)
+      mean = tuple(c.decode(p, s, m) / n for p, s, m in zip(summed, new_states, sizes, strict=True))
+    return mean, _kept_back(wanted, local), None, new_states
 
-  if not c.sparse:  # summable payloads
-    summed, _ = comm.psum(payloads, axis_name)
-    mean = tuple(c.decode(p, s, m) / n for p, s, m in zip(summed, new_states, sizes, strict=True))
-    return mean, kept, mask, new_states
-
-  # AR-compatible Top-k: the leader's indices, everybody's own values there.
-  me = comm.axis_index(axis_name)
-  if leader == 'star':
-    lead = count % n
-  else:
-    norm = sum(jnp.sum(p[0] ** 2) for p in payloads)
-    norms, _ = comm.all_gather(norm, axis_name)
-    lead = jnp.argmax(norms)
-  indices, _ = comm.psum(tuple(jnp.where(me == lead, p[1], 0) for p in payloads), axis_name)
-  own = tuple(take(w, idx) for w, idx in zip(wanted, indices, strict=True))
-  sums, _ = comm.psum(own, axis_name)
-  mean = tuple(scatter(v, idx, m) / n for v, idx, m in zip(sums, indices, sizes, strict=True))
-  kept = _kept_back_sparse(wanted, tuple(zip(own, indices, strict=True)))
-  mask = tuple(
-    scatter(jnp.ones_like(v), idx, m) > 0 for v, idx, m in zip(own, indices, sizes, strict=True)
-  )
-  return mean, kept, mask, new_states
+  if collective == 'allgather':
+    gathered, _ = comm.all_gather(payloads, axis_name)
+    mean = tuple(
+      scatter(vals.reshape(-1), idx.reshape(-1), m) / n
+      for (vals, idx), m in zip(gathered, sizes, strict=True)
+    )
+    sent = payloads
+  else:  # AR-compatible Top-k: the leader's indices, everybody's own values there.
+    me = comm.axis_index(axis_name)
+    if leader == 'star':
+      lead = count % n
+    else:
+      norm = sum(jnp.sum(p[0] ** 2) for p in payloads)
+      norms, _ = comm.all_gather(norm, axis_name)
+      lead = jnp.argmax(norms)
+    indices, _ = comm.psum(tuple(jnp.where(me == lead, p[1], 0) for p in payloads), axis_name)
+    own = tuple(take(w, idx) for w, idx in zip(wanted, indices, strict=True))
+    sums, _ = comm.psum(own, axis_name)
+    mean = tuple(scatter(v, idx, m) / n for v, idx, m in zip(sums, indices, sizes, strict=True))
+    sent = tuple(zip(own, indices, strict=True))
+  mask = tuple(scatter(jnp.ones_like(v), i, m) > 0 for (v, i), m in zip(sent, sizes, strict=True))
+  return mean, _kept_back_sparse(wanted, sent), mask, new_states
 
 
 def _kept_back(wanted, local) -> tuple[tuple[jax.Array, ...], jax.Array]:
