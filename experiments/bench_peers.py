@@ -194,10 +194,15 @@ def _pass_ratio(s: Mapping[str, Any], dense: Mapping[str, Any] | None) -> float 
   """
   mine = s.get('runs_median_step_s') or []
   base = (dense or {}).get('runs_median_step_s') or []
-  ratios = [_div(a, b) for a, b in zip(mine, base, strict=False)]
+  ratios = _per_pass(mine, base)
   if len(mine) < 2 or len(mine) != len(base) or any(r is None for r in ratios):
     return None
   return statistics.median(ratios)
+
+
+def _per_pass(mine: Sequence[float | None], dense: Sequence[float | None]) -> list[float | None]:
+  """Each pass's step ÷ that pass's dense step; None where either is missing."""
+  return [_div(a, b) for a, b in zip(mine, dense, strict=False)]
 
 
 def combine(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -218,13 +223,14 @@ def pass_notes(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
   passes = max((len(r) for r in runs.values()), default=0)
   if passes < 2 or 'dense' not in runs:
     return []
+  steps = {name: [r.get('median_step_s') for r in rs] for name, rs in runs.items()}
+  ratios = {name: _per_pass(s, steps['dense']) for name, s in steps.items() if name != 'dense'}
   out = []
   for i in range(passes):
-    dense = runs['dense'][i].get('median_step_s') if i < len(runs['dense']) else None
     cells = []
-    for name, rs in runs.items():
-      if name != 'dense' and i < len(rs):
-        ratio = _div(rs[i].get('median_step_s'), dense)
+    for name, rs in ratios.items():
+      if i < len(steps[name]):
+        ratio = rs[i] if i < len(rs) else None
         cells.append(f'{name} {"-" if ratio is None else f"{ratio:.2f}"}')
     out.append(f'pass {i + 1}, step ÷ dense: ' + ', '.join(cells))
   for name, rs in runs.items():
