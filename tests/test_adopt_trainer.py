@@ -47,6 +47,11 @@ def saved_steps(tmp_path, name):
 def test_an_exploration_is_undone_and_evaluations_and_checkpoints_wait_for_its_end(
   tmp_path, data_dir, monkeypatch
 ):
+  from jaxdist.train import step as step_lib
+
+  made = []  # train steps built: the run's, one worker's, and one for all six candidates
+  make = step_lib.make_train_step
+  monkeypatch.setattr(step_lib, 'make_train_step', lambda *a, **k: made.append(1) or make(*a, **k))
   # warm-up: steps 1-2 at candidate 0 (0.1); exploration: steps 3-7, one per candidate, from a
   # copy of the state after step 2, which the next step (here: the end) goes back to. The
   # evaluation and checkpoint due at step 4 wait for the end of the exploration.
@@ -60,6 +65,7 @@ def test_an_exploration_is_undone_and_evaluations_and_checkpoints_wait_for_its_e
   # each step is charged the measured compute of the candidate it ran (kept by the checkpoint)
   per = checkpoint.read(str(tmp_path / 'adopt' / 'checkpoints'))[1]['compute_s_candidates']
   assert len(per) == 6 and all(v > 0 for v in per)  # five ratios and dense
+  assert len(made) == 3
   ratios = list(jd_candidates())
   for r in records:
     assert r['step_compute_s'] == per[ratios.index(r['ratio'])]

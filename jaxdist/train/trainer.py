@@ -16,7 +16,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -104,6 +104,21 @@ def measure_worker_step(
   this is a worker's step minus communication: the compute term of the
   modelled clock.
   """
+  return measure_worker_steps(exp, [candidate], repeats, budget_s)[0]
+
+
+def measure_worker_steps(
+  exp: factory.Experiment,
+  candidates: Sequence[int | None],
+  repeats: int = 20,
+  budget_s: float = 2.0,
+) -> list[float]:
+  """`measure_worker_step` for each candidate, with one compiled step for all of them.
+
+  The candidate is an argument of the step (`compressed_allreduce(ratios=...)`
+  switches on it), so one program serves every candidate; each candidate's
+  timing starts from a fresh train state.
+  """
   one = runtime.layout(1, devices=1, device_list=jax.local_devices()[:1])
   counted = exp.counted
   init = step_lib.make_init(exp.model, exp.tx, one, exp.dataset.image_shape)
@@ -114,19 +129,23 @@ def measure_worker_step(
   x = jax.device_put(exp.dataset.normalize(exp.dataset.train.images[idx])[None], one.sharding)
   y = jax.device_put(exp.dataset.train.labels[idx][None], one.sharding)
   counts = (jax.device_put(np.full(1, exp.per_worker, np.int32), one.sharding),) if counted else ()
-  tx_args = {}
-  if exp.ratio_control is not None:  # the candidate the run starts with
-    args = exp.ratio_control.args()
-    if candidate is not None:
-      args['candidate'] = np.full_like(args['candidate'], candidate)
-    tx_args = {k: jax.device_put(v[:1], one.sharding) for k, v in args.items()}
-  box = [init(jax.random.key(exp.config.seed))]
 
-  def run():
-    box[0], metrics = train_step(box[0], x, y, *counts, **tx_args)
-    return metrics
+  def seconds(candidate: int | None) -> float:
+    tx_args = {}
+    if exp.ratio_control is not None:  # the candidate the run starts with
+      args = exp.ratio_control.args()
+      if candidate is not None:
+        args['candidate'] = np.full_like(args['candidate'], candidate)
+      tx_args = {k: jax.device_put(v[:1], one.sharding) for k, v in args.items()}
+    box = [init(jax.random.key(exp.config.seed))]
 
-  return timing.median_seconds(run, repeats, budget_s=budget_s)
+    def run():
+      box[0], metrics = train_step(box[0], x, y, *counts, **tx_args)
+      return metrics
+
+    return timing.median_seconds(run, repeats, budget_s=budget_s)
+
+  return [seconds(c) for c in candidates]
 
 
 def candidate_step_s(exp: factory.Experiment, meta: dict[str, Any]) -> list[float]:
@@ -141,7 +160,7 @@ def candidate_step_s(exp: factory.Experiment, meta: dict[str, Any]) -> list[floa
     return []
   if meta.get('compute_s_candidates'):
     return [float(v) for v in meta['compute_s_candidates']]
-  out = [measure_worker_step(exp, budget_s=0.5, candidate=i) for i in range(ctl.dense + 1)]
+  out = measure_worker_steps(exp, range(ctl.dense + 1), budget_s=0.5)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
 
