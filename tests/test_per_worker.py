@@ -35,10 +35,10 @@ def _txs(workers):
 def _train(model, tx_name, shape, per_worker, counted=False):
   workers = runtime.layout(8, devices=2)  # 4 simulated workers on each device
   tx = _txs(workers)[tx_name]
-  state = step_lib.make_init(model, tx, workers, shape)(jax.random.key(0))
+  state = step_lib.make_init(model, tx, workers, shape, per_worker)(jax.random.key(0))
   step = step_lib.make_train_step(model, tx, workers, counted=counted, per_worker=per_worker)
   rng = np.random.default_rng(0)
-  losses = []
+  losses, wires = [], []
   for _ in range(STEPS):
     x = rng.standard_normal((8, PER_WORKER, *shape), dtype=np.float32)
     y = rng.integers(0, 10, (8, PER_WORKER)).astype(np.int32)
@@ -46,6 +46,8 @@ def _train(model, tx_name, shape, per_worker, counted=False):
     extra = [jax.device_put(np.arange(8) % PER_WORKER + 1, workers.sharding)] if counted else []
     state, metrics = step(state, x, y, *extra)
     losses.append(metrics['loss'])
+    wires.append(metrics['wire'])
+  _train.wires = wires  # the last run's transfer counts, step by step
   return state, np.asarray(losses)
 
 
@@ -116,6 +118,57 @@ def test_mean_is_exact_for_powersgd_whose_steps_see_only_the_sum_of_gradients():
   topk_vmap, _ = _train(model, 'topk_ef', (8, 8, 1), 'vmap')
   a, b = topk_mean.params['Conv_0']['kernel'], topk_vmap.params['Conv_0']['kernel']
   assert np.all(np.isfinite(a)) and np.abs(a - b).max() > 1e-4
+
+
+@pytest.mark.parametrize(
+  'model_name, tx_name, shape',
+  [('cnn', 'allreduce', (8, 8, 1)), ('resnet20', 'allreduce', (8, 8, 3)),
+   ('cnn', 'powersgd', (8, 8, 1))],
+)  # fmt: skip
+def test_device_holds_one_model_per_device_and_trains_the_per_worker_run(
+  model_name, tx_name, shape
+):
+  """8 workers on 2 devices: the state holds 2 models, not 8; each is what every one of its
+  device's workers holds in 'vmap' (weights, momentum, PowerSGD's Q). A device's batch-norm
+  statistics and PowerSGD residual are the mean of its workers' (both are linear in the
+  workers' own values); losses, transfer counts and the evaluated model are the same."""
+  model = jd.models.get(model_name, num_classes=10)
+  device, device_losses = _train(model, tx_name, shape, 'device')
+  device_wires = _train.wires
+  vmap, vmap_losses = _train(model, tx_name, shape, 'vmap')
+  for leaf in jax.tree.leaves((device.params, device.opt_state)):
+    assert leaf.shape[0] == 2
+  per_worker = lambda t: jax.tree.map(lambda a: np.repeat(np.asarray(a), PER_WORKER, axis=0), t)
+  _assert_same((per_worker(device.params), device_losses), (vmap.params, vmap_losses))
+  device_mean = lambda a: np.asarray(a).reshape(2, PER_WORKER, *a.shape[1:]).mean(1)
+  _assert_same(
+    (device.model_state, device.opt_state),
+    jax.tree.map(device_mean, (vmap.model_state, vmap.opt_state)),
+  )
+  if tx_name == 'allreduce':  # momentum: the same in every worker, so the mean says nothing new
+    _assert_same(per_worker(device.opt_state), vmap.opt_state)
+  assert [tuple(map(int, w)) for w in device_wires] == [tuple(map(int, w)) for w in _train.wires]
+  workers = runtime.layout(8, devices=2)
+  evaluate = step_lib.make_eval_step(model, workers)
+  x = jax.device_put(np.random.default_rng(1).standard_normal((16, *shape), dtype=np.float32))
+  y, mask = jnp.arange(16) % 10, jnp.ones(16)
+  _assert_same(evaluate(device, x, y, mask), evaluate(vmap, x, y, mask))
+
+
+def test_device_refuses_what_it_cannot_run_once_per_device():
+  model = jd.models.get('cnn', num_classes=10)
+  workers = runtime.layout(8, devices=2)
+  tx = _txs(workers)['allreduce']
+  with pytest.raises(ValueError, match="per_worker='device' hands every worker one mean"):
+    step_lib.make_train_step(model, tx, workers, counted=True, per_worker='device')
+  with pytest.raises(ValueError, match='staggered'):
+    step_lib.make_train_step(model, tx, workers, staggered=True, per_worker='device')
+  state = step_lib.make_init(model, tx, workers, (8, 8, 1), 'device')(jax.random.key(0))
+  step = step_lib.make_train_step(model, tx, workers, per_worker='device')
+  x = jax.device_put(np.zeros((8, 2, 8, 8, 1), np.float32), workers.sharding)
+  y = jax.device_put(np.zeros((8, 2), np.int32), workers.sharding)
+  with pytest.raises(ValueError, match=r'once per device: no per-worker arguments \(candidate\)'):
+    step(state, x, y, candidate=jax.device_put(np.zeros(8, np.int32), workers.sharding))
 
 
 @pytest.mark.parametrize('tx_name', ['topk_ef', 'powersgd'])
@@ -190,7 +243,7 @@ def test_one_worker_per_device_stays_vmap_and_bad_arguments_are_refused():
   step = step_lib.make_train_step(model, tx, workers)
   assert ' while(' not in step.lower(state, x, y).compile().as_text()
   with pytest.raises(
-    ValueError, match="per_worker must be 'auto', 'vmap', 'loop', 'shared' or 'mean'"
+    ValueError, match="per_worker must be 'auto', 'vmap', 'loop', 'shared', 'mean' or 'device'"
   ):
     step_lib.make_train_step(model, tx, workers, per_worker='scan')
   for per_worker in ('vmap', 'shared', 'mean'):

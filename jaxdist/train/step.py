@@ -1,12 +1,13 @@
 """Jitted, sharded training and evaluation steps over a `Workers` layout.
 
-Every leaf of `TrainState` has a leading worker axis. The train step runs each
+Every leaf of `TrainState` has a leading worker axis (one model per device with
+`per_worker='device'`: a leading device axis). The train step runs each
 worker's forward/backward pass on its own slice of the global batch, then the
 optax chain (which may communicate over `workers.axis_name`), all inside one
 `shard_map` (devices) × `vmap` (simulated workers) program. The simulated
 workers of a device compute their gradients together (`vmap`), one after the
-other (`lax.map`), or with one copy of the weights (`shared`, `mean`): see
-`make_train_step`'s `per_worker`.
+other (`lax.map`), or with one copy of the weights (`shared`, `mean`, `device`):
+see `make_train_step`'s `per_worker`.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ class TrainState(NamedTuple):
   """What a run carries from step to step.
 
   Attributes:
-    params: model parameters. Per-worker.
+    params: model parameters. Per-worker (per device with `per_worker='device'`).
     model_state: non-trained variables, e.g. batch-norm statistics ({} if
-      none). Per-worker.
+      none). Per-worker (per device with `per_worker='device'`).
     opt_state: the optax chain's state, communication records included.
-      Per-worker.
+      Per-worker (per device with `per_worker='device'`).
   """
 
   params: optax.Params
@@ -73,13 +74,22 @@ def init_params(model: nn.Module, rng: jax.Array, input_shape: tuple[int, ...]):
 
 
 def make_init(
-  model: nn.Module, tx: optax.GradientTransformation, workers: Workers, input_shape: tuple[int, ...]
+  model: nn.Module,
+  tx: optax.GradientTransformation,
+  workers: Workers,
+  input_shape: tuple[int, ...],
+  per_worker: str = 'auto',
 ) -> Callable[[jax.Array], TrainState]:
-  """A jitted `rng -> TrainState`: every worker starts from the same replica."""
+  """A jitted `rng -> TrainState`: every worker starts from the same replica.
+
+  With `per_worker='device'` (see `make_train_step`) the state holds one
+  replica per device instead of one per worker.
+  """
+  replicas = workers.devices if per_worker == 'device' else workers.count
 
   def init(rng):
     params, model_state = init_params(model, rng, input_shape)
-    stack = lambda t: jax.tree.map(lambda x: jnp.broadcast_to(x, (workers.count, *x.shape)), t)
+    stack = lambda t: jax.tree.map(lambda x: jnp.broadcast_to(x, (replicas, *x.shape)), t)
     params, model_state = stack(params), stack(model_state)
     return TrainState(params, model_state, jax.vmap(tx.init)(params))
 
@@ -87,8 +97,8 @@ def make_init(
 
 
 # make_train_step's ways of running a device's simulated workers; TOGETHER run them at once
-PER_WORKER = ('auto', 'vmap', 'loop', 'shared', 'mean')
-TOGETHER = ('vmap', 'shared', 'mean')
+PER_WORKER = ('auto', 'vmap', 'loop', 'shared', 'mean', 'device')
+TOGETHER = ('vmap', 'shared', 'mean', 'device')
 
 
 def make_train_step(
@@ -136,6 +146,21 @@ def make_train_step(
     with `counted`. This function's `'auto'` never
     picks it; the trainer's does off the CPU where it is exact
     (`jaxdist.train.factory.per_worker`).
+  - `'device'`: `'mean'`'s gradient, and one model per device in the train
+    state (`make_init(..., per_worker='device')`): the chain runs once per
+    device, on the device's mean gradient, under a `vmap` of one (so its
+    collectives over the worker axes sum over devices, and a mean over them
+    is the mean over workers, the devices holding equal numbers). A device's
+    workers' batch-norm statistics are averaged into its one copy, which is
+    what the evaluation's mean over workers sees in the other ways (the
+    running averages are linear). The state's memory does not grow with the
+    simulated workers. Exact where `'mean'` is and the chain's arithmetic
+    does not depend on the number of workers summed (plain or bucketed
+    all-reduce; not PowerSGD, whose error feedback is per worker and whose
+    orthogonalisation sees the scale of the sum). Not with `counted` or
+    per-worker keyword arguments; `wire` counts a device's transfers once
+    per worker, as the other ways do. The trainer does not use it (its
+    checkpoints, elastic resizing and noise step hold one model per worker).
   - `'auto'` (default): `'loop'` on the CPU when a device holds more than one
     worker, else `'vmap'`.
 
@@ -179,9 +204,8 @@ def make_train_step(
       updates = jax.tree.map(lambda u: u * extra[1].astype(u.dtype), updates)
     return optax.apply_updates(params, updates), opt_state
 
-  def mean_gradients(params, model_state, x, y):
-    """(the device's mean gradient for each worker, model states, losses, accuracies)."""
-    workers_here = y.shape[0]
+  def mean_gradient(params, model_state, x, y):
+    """(the device's mean gradient, the workers' model states, losses, accuracies)."""
 
     def mean_loss(first):
       one = lambda ms, x, y: loss_fn(model, first, ms, x, y, True)
@@ -190,15 +214,31 @@ def make_train_step(
 
     first = jax.tree.map(lambda p: p[0], params)
     (_, (loss, logits, model_state)), grad = jax.value_and_grad(mean_loss, has_aux=True)(first)
-    grads = jax.tree.map(lambda g: jnp.broadcast_to(g, (workers_here, *g.shape)), grad)
-    return grads, model_state, loss, jax.vmap(accuracy_of)(logits, y)
+    return grad, model_state, loss, jax.vmap(accuracy_of)(logits, y)
+
+  def mean_gradients(params, model_state, x, y):
+    """`mean_gradient`, handed to each of the device's workers."""
+    grad, *rest = mean_gradient(params, model_state, x, y)
+    return jax.tree.map(lambda g: jnp.broadcast_to(g, (y.shape[0], *g.shape)), grad), *rest
+
+  def device_model_gradient(state: TrainState, x, y):
+    """`mean_gradient` from the device's one model; its workers' statistics averaged into it."""
+    workers_here = y.shape[0]
+    spread = lambda t: jax.tree.map(lambda a: jnp.broadcast_to(a, (workers_here, *a.shape[1:])), t)
+    grad, model_state, loss, accuracy = mean_gradient(state.params, spread(state.model_state), x, y)
+    model_state = jax.tree.map(
+      lambda a: jnp.mean(a, axis=0, keepdims=True).astype(a.dtype), model_state
+    )
+    return jax.tree.map(lambda g: g[None], grad), model_state, loss, accuracy
 
   if per_worker not in PER_WORKER:
     raise ValueError(
-      f"per_worker must be 'auto', 'vmap', 'loop', 'shared' or 'mean', got {per_worker!r}"
+      f"per_worker must be 'auto', 'vmap', 'loop', 'shared', 'mean' or 'device', got {per_worker!r}"
     )
-  if counted and per_worker == 'mean':
-    raise ValueError("per_worker='mean' hands every worker one mean gradient: not with counted")
+  if counted and per_worker in ('mean', 'device'):
+    raise ValueError(
+      f'per_worker={per_worker!r} hands every worker one mean gradient: not with counted'
+    )
   if staggered and per_worker in TOGETHER:
     raise ValueError(
       f'staggered runs workers one after the other: per_worker={per_worker!r} contradicts it'
@@ -206,6 +246,7 @@ def make_train_step(
   on_cpu = workers.mesh.devices.flat[0].platform == 'cpu'
   if per_worker == 'auto':
     per_worker = 'loop' if on_cpu and workers.per_device > 1 else 'vmap'
+  one_model = per_worker == 'device'
   one_worker = gradients
   chain = jax.vmap(update, axis_name=SIM)
   if on_cpu and (staggered or per_worker == 'loop'):
@@ -221,6 +262,8 @@ def make_train_step(
       grads, model_state, loss, accuracy = jax.lax.map(lambda args: one_worker(*args), args)
     elif per_worker == 'mean':  # one backward pass of the workers' mean loss
       grads, model_state, loss, accuracy = mean_gradients(*args)
+    elif per_worker == 'device':  # that, and the chain once, for the device's one model
+      grads, model_state, loss, accuracy = device_model_gradient(state, x, y)
     elif per_worker == 'shared':  # one model: the first worker's weights, unbatched
       first = jax.tree.map(lambda p: p[0], state.params)
       in_axes = (None,) + (0,) * (len(args) - 1)
@@ -239,6 +282,11 @@ def make_train_step(
       raise ValueError(
         f'this step was made with counted={counted}: pass counts (and a scale) iff counted'
       )
+    if one_model and tx_args:
+      raise ValueError(
+        f"per_worker='device' runs the chain once per device: no per-worker arguments "
+        f'({", ".join(tx_args)})'
+      )
     state, per_worker = mapped(state, x, y, tx_args, *extra)
     counts = extra[:1]
     if counts:  # a mean over examples: workers weighted by their batches
@@ -246,7 +294,8 @@ def make_train_step(
       metrics = {k: jnp.sum(v * w) for k, v in per_worker.items()}
     else:
       metrics = {k: jnp.mean(v) for k, v in per_worker.items()}
-    metrics['wire'] = tuple(jnp.sum(t.count) for t in comm.find_transfers(state.opt_state))
+    runs = workers.per_device if one_model else 1  # a device's transfer, once per worker
+    metrics['wire'] = tuple(jnp.sum(t.count) * runs for t in comm.find_transfers(state.opt_state))
     metrics.update(_probes(state.opt_state))
     return state, metrics
 
