@@ -12,6 +12,13 @@ one run:
   loop  one after the other (`lax.map`), dense convolutions; on the CPU with
         the convolutions in Eigen's layout and the sums over workers written
         as dots. What `'auto'` picks on the CPU.
+  shared, mean
+        one copy of the weights read by every worker of a device (see
+        `make_train_step`); the state still holds one model per worker.
+  device
+        one backward pass of the device's mean loss, the chain once per
+        device, and one model per device in the state: its memory does not
+        grow with the simulated workers (plain all-reduce is exact this way).
 
 Each figure is the median of `--repeats` timed windows of `--steps` steps after
 a warm-up, the windows of all rows taken in turns so that a change in the
@@ -346,7 +353,7 @@ def main(argv):
       return measured[key]
     workers = jd.runtime.layout(count, devices=devices)
     tx = optax.chain(jd.sync.allreduce(axis_name=workers.axis_name), optax.sgd(0.01))
-    box = [step_lib.make_init(model, tx, workers, shape)(jax.random.key(0))]
+    box = [step_lib.make_init(model, tx, workers, shape, per_worker)(jax.random.key(0))]
     xw = jax.device_put(x.reshape(count, batch // count, *shape), workers.sharding)
     yw = jax.device_put(y.reshape(count, batch // count), workers.sharding)
     jitted = step_lib.make_train_step(model, tx, workers, per_worker=per_worker)

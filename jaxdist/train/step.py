@@ -154,10 +154,10 @@ def make_train_step(
     workers' batch-norm statistics are averaged into its one copy, which is
     what the evaluation's mean over workers sees in the other ways (the
     running averages are linear). The state's memory does not grow with the
-    simulated workers. Exact where `'mean'` is and the chain's arithmetic
-    does not depend on the number of workers summed (plain or bucketed
-    all-reduce; not PowerSGD, whose error feedback is per worker and whose
-    orthogonalisation sees the scale of the sum). Not with `counted` or
+    simulated workers. Exact where `'mean'` is and the chain's means over
+    workers are means (tested: plain all-reduce with momentum, PowerSGD,
+    whose one residual per device is the mean of its workers' and whose
+    orthogonalisation does not see the scale of the sum). Not with `counted` or
     per-worker keyword arguments; `wire` counts a device's transfers once
     per worker, as the other ways do. The trainer does not use it (its
     checkpoints, elastic resizing and noise step hold one model per worker).
