@@ -431,7 +431,14 @@ def test_scadles_rule_by_hand():
     ({'adaptive': 'gravac', 'sync.method': 'compressed_allreduce', 'gravac.decay': 1.0},
      r'config.gravac: decay'),
     ({'noise_every': -3}, r'noise_every must be >= 0'),
-    ({'sync.per_worker': 'scan'}, r"per_worker must be 'auto', 'vmap', 'loop', 'shared' or 'mean'"),
+    ({'sync.per_worker': 'scan'},
+     r"per_worker must be 'auto', 'vmap', 'loop', 'shared', 'mean' or 'device', got 'scan'"),
+    ({'sync.per_worker': 'device', 'sync.method': 'bucketed_allreduce'},
+     r"per_worker='device' keeps one model per device .* tested for allreduce, powersgd, not "
+     r"sync.method='bucketed_allreduce'"),
+    ({'sync.per_worker': 'device', 'sync.method': 'local_sgd'},
+     r"per_worker='device' hands each worker its device's mean gradient.*'local_sgd'"),
+    ({'sync.per_worker': 'device', 'fault.drop': '1@2'}, r'but fault.drop weights dropped'),
     ({'sync.per_worker': 'shared', 'sync.method': 'local_sgd'},
      r"per_worker='shared' reads one worker's weights.*'local_sgd' keeps a model per worker"),
     ({'sync.per_worker': 'vmap', 'sync.staggered': True}, r'staggered .* contradicts it'),
@@ -498,7 +505,9 @@ def _gravac(config):
 def test_shared_weights_train_the_all_reduce_run_of_per_worker_weights(
   tmp_path, data_dir, monkeypatch
 ):
-  """4 workers on 2 devices: 'shared', 'mean' and 'vmap' give one run (float reassociation)."""
+  """4 workers on 2 devices: 'shared', 'mean', 'device' and 'vmap' give one run (float
+  reassociation); 'device' checkpoints one model per device, with Scavenger's noise measured
+  at it, and resumes only on the workers that wrote it."""
   runs = {
     way: run_digits(
       tmp_path,
@@ -507,12 +516,20 @@ def test_shared_weights_train_the_all_reduce_run_of_per_worker_weights(
       monkeypatch,
       args='workers=4',
       steps=4,
-      **{'devices': 2, 'sync.per_worker': way},
+      **{'devices': 2, 'sync.per_worker': way, 'noise_every': 2},
     )
-    for way in ('shared', 'mean', 'vmap')
+    for way in ('shared', 'mean', 'device', 'vmap')
   }
+  assert all(leaf.shape[0] == 2 for leaf in jax.tree.leaves(runs['device'][2]))
+  runs['device'] = (
+    *runs['device'][:2],
+    jax.tree.map(lambda a: np.repeat(a, 2, 0), runs['device'][2]),
+  )
   losses = {way: np.array([r['loss'] for r in run[1]]) for way, run in runs.items()}
-  for way in ('shared', 'mean'):
+  noise = {way: [r['gamma'] for r in run[1] if 'gamma' in r] for way, run in runs.items()}
+  assert len(noise['vmap']) == 2 and np.all(np.isfinite(noise['vmap']))
+  np.testing.assert_allclose(noise['device'], noise['vmap'], rtol=1e-4)
+  for way in ('shared', 'mean', 'device'):
     assert np.all(np.isfinite(losses[way]))
     np.testing.assert_allclose(losses[way], losses['vmap'], rtol=1e-5, atol=1e-6)
     for leaf in jax.tree.leaves(runs[way][2]):
@@ -522,6 +539,11 @@ def test_shared_weights_train_the_all_reduce_run_of_per_worker_weights(
       runs[way][2],
       runs['vmap'][2],
     )
+  with pytest.raises(
+    factory.ConfigError, match=r"saved by 4 workers, and sync.per_worker='device'"
+  ):
+    run_digits(tmp_path, 'device', data_dir, monkeypatch, args='workers=2', steps=6,
+               **{'devices': 2, 'sync.per_worker': 'device'})  # fmt: skip
 
 
 def test_auto_is_mean_off_the_cpu_only_where_it_is_exact():

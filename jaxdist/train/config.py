@@ -146,8 +146,11 @@ def sync() -> ml_collections.ConfigDict:
   # How a device's simulated workers compute their gradients (make_train_step's per_worker):
   # 'auto' (loop on the CPU; elsewhere 'mean' where exact, else vmap), 'vmap', 'loop',
   # 'shared' (one copy of the weights for the forward pass: only for the one-model methods
-  # in factory.SHARED_MODEL) or 'mean' (one backward pass of the device's mean loss: only
-  # where the update sees the gradients only through their sum, factory.MEAN_ONLY).
+  # in factory.SHARED_MODEL), 'mean' (one backward pass of the device's mean loss: only
+  # where the update sees the gradients only through their sum, factory.MEAN_ONLY) or
+  # 'device' ('mean', and one model per device in the train state, the chain run once per
+  # device: memory that does not grow with the simulated workers; factory.DEVICE_MODEL;
+  # checkpoints resume only at the same number of workers).
   s.per_worker = 'auto'
   return s
 

@@ -216,6 +216,9 @@ SHARED_MODEL = (
 # approximation are linear in the sum of the error-fed gradients (the workers' residuals then
 # differ, their sum does not)
 MEAN_ONLY = ('allreduce', 'bucketed_allreduce', 'powersgd')
+# ... of which those whose chain may also run once per device, on one model per device
+# (make_train_step(per_worker='device'); tests/test_per_worker.py checks both against 'vmap')
+DEVICE_MODEL = ('allreduce', 'powersgd')
 
 
 def _mean_not_exact(config) -> str:
@@ -253,17 +256,25 @@ def per_worker(config, per_device: int, platform: str) -> str:
 
 
 def check_per_worker(config) -> None:
-  """`config.sync.per_worker`: a way make_train_step knows; 'shared' and 'mean' where exact."""
+  """`config.sync.per_worker`: a way make_train_step knows; 'shared', 'mean' and 'device'
+  where exact."""
   way = config.sync.per_worker
   if way not in step_lib.PER_WORKER:
     raise ValueError(
-      f"config.sync.per_worker must be 'auto', 'vmap', 'loop', 'shared' or 'mean', got {way!r}"
+      "config.sync.per_worker must be 'auto', 'vmap', 'loop', 'shared', 'mean' or 'device', "
+      f'got {way!r}'
     )
-  if way == 'mean' and (why := _mean_not_exact(config)):
+  if way in ('mean', 'device') and (why := _mean_not_exact(config)):
     raise ValueError(
-      "config.sync.per_worker='mean' hands each worker its device's mean gradient, exact only "
+      f"config.sync.per_worker={way!r} hands each worker its device's mean gradient, exact only "
       f"where the update sees the workers' gradients only through their sum, but {why}; use "
       'per_worker=auto'
+    )
+  if way == 'device' and config.sync.method not in DEVICE_MODEL:
+    raise ValueError(
+      "config.sync.per_worker='device' keeps one model per device and runs the chain once per "
+      f'device: tested for {", ".join(DEVICE_MODEL)}, not sync.method={config.sync.method!r}; '
+      'use per_worker=mean or auto'
     )
   if way == 'shared' and config.sync.method not in SHARED_MODEL:
     raise ValueError(

@@ -453,7 +453,7 @@ def _rewritten(fn: Callable[..., Any], rule) -> Callable[..., Any]:
 
 
 def make_noise_step(
-  model: nn.Module, workers: Workers, counted: bool = False
+  model: nn.Module, workers: Workers, counted: bool = False, per_worker: str = 'auto'
 ) -> Callable[..., tuple[jax.Array, jax.Array]]:
   """A jitted `(state, x, y[, counts]) -> (mean_k ‖g_k‖², ‖ḡ‖²)`: Scavenger's noise ingredients.
 
@@ -470,7 +470,8 @@ def make_noise_step(
   A measurement beside training, not part of it: it runs a forward and
   backward pass of its own and one all-reduce that the ledger does not
   count (the trainer runs it every `config.noise_every` steps, off the
-  clock).
+  clock). With `per_worker='device'` the state holds one model per device
+  (`make_init`), and each worker's gradient is taken at its device's.
   """
 
   def one(params, model_state, x, y, *count):
@@ -478,7 +479,13 @@ def make_noise_step(
     return grads, optax.tree.norm(grads, squared=True)
 
   def device(state: TrainState, x, y, *counts):
-    grads, sq = jax.vmap(one)(state.params, state.model_state, x, y, *counts)
+    replica = (state.params, state.model_state)
+    if per_worker == 'device':  # the device's one model, every worker's
+      replica, axis = jax.tree.map(lambda a: a[0], replica), None
+    else:
+      axis = 0
+    in_axes = (axis, axis, *(0 for _ in (x, y, *counts)))
+    grads, sq = jax.vmap(one, in_axes)(*replica, x, y, *counts)
     w = counts[0].astype(jnp.float32) if counts else jnp.ones(sq.shape, jnp.float32)
     weighted = jax.tree.map(lambda g: jnp.tensordot(w, g.astype(jnp.float32), axes=1), grads)
     sq_sum, w_sum, g_sum = jax.lax.psum((jnp.sum(sq), jnp.sum(w), weighted), DATA)

@@ -285,7 +285,9 @@ class Noise:
     self.state = self.meter.init()
     self.step = None
     if self.every:
-      self.step = step_lib.make_noise_step(exp.model, exp.workers, counted=exp.counted)
+      self.step = step_lib.make_noise_step(
+        exp.model, exp.workers, counted=exp.counted, per_worker=cfg.sync.per_worker
+      )
 
   def measure(self, t: int, state, batch: tuple[jax.Array, ...], clock: Clock) -> dict[str, float]:
     """The record's noise fields at step t (0-based), if it is measured; else {}.
@@ -538,6 +540,12 @@ def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, A
   try:
     elastic.check_same_run(saved, exp)
     if elastic.needed(saved, exp):
+      if exp.config.sync.per_worker == 'device':
+        raise elastic.ReshardError(
+          f"it was saved by {saved.get('workers')} workers, and sync.per_worker='device' "
+          'keeps one model per device, which is not resharded; resume with the workers '
+          'that wrote it, or with sync.per_worker=auto'
+        )
       state, meta, done = elastic.restore(exp, ckpt.directory, start, state_shape, saved)
       logging.info('resumed from step %d, resharded %s (%s): %s', start, done,
                    exp.config.sync.method, elastic.describe(exp.config.sync.method))  # fmt: skip
@@ -569,14 +577,10 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   cfg, workers, lead = exp.config, exp.workers, jax.process_index() == 0
   os.makedirs(exp.workdir, exist_ok=True)
   logging.info('%s', exp)
-  init = step_lib.make_init(exp.model, exp.tx, workers, exp.dataset.image_shape)
+  way = factory.per_worker(cfg, workers.per_device, workers.mesh.devices.flat[0].platform)
+  init = step_lib.make_init(exp.model, exp.tx, workers, exp.dataset.image_shape, way)
   train_step = step_lib.make_train_step(
-    exp.model,
-    exp.tx,
-    workers,
-    staggered=cfg.sync.staggered,
-    counted=exp.counted,
-    per_worker=factory.per_worker(cfg, workers.per_device, workers.mesh.devices.flat[0].platform),
+    exp.model, exp.tx, workers, staggered=cfg.sync.staggered, counted=exp.counted, per_worker=way
   )
   eval_step = step_lib.make_eval_step(exp.model, workers)
   state_shape = jax.eval_shape(init, jax.random.key(cfg.seed))
