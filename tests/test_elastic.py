@@ -175,7 +175,13 @@ def test_resharding_is_needed_for_other_workers_or_hierarchical_topk_on_other_no
     return SimpleNamespace(config=config, workers=runtime.layout(workers, devices=devices))
 
   meta = elastic.recorded(run('allreduce', 16, 8))
-  assert meta == {'workers': 16, 'devices': 8, 'method': 'allreduce', 'model': 'cnn'}
+  assert meta == {
+    'workers': 16,
+    'devices': 8,
+    'method': 'allreduce',
+    'model': 'cnn',
+    'per_worker': 'auto',
+  }
   assert not elastic.needed(meta, run('allreduce', 16, 4))  # the same rows on other devices
   assert elastic.needed(meta, run('allreduce', 8, 8))
   assert not elastic.needed({'step': 3}, run('allreduce', 8, 8))  # not recorded: as saved

@@ -539,11 +539,11 @@ def test_shared_weights_train_the_all_reduce_run_of_per_worker_weights(
       runs[way][2],
       runs['vmap'][2],
     )
-  with pytest.raises(
-    factory.ConfigError, match=r"saved by 4 workers, and sync.per_worker='device'"
-  ):
-    run_digits(tmp_path, 'device', data_dir, monkeypatch, args='workers=2', steps=6,
-               **{'devices': 2, 'sync.per_worker': 'device'})  # fmt: skip
+  refusal = r"written by workers=4, devices=2, per_worker=device; with sync.per_worker='device'"
+  for args, way in (('workers=2', 'device'), ('workers=4', 'vmap'), ('workers=4', 'auto')):
+    with pytest.raises(factory.ConfigError, match=refusal):
+      run_digits(tmp_path, 'device', data_dir, monkeypatch, args=args, steps=6,
+                 **{'devices': 2, 'sync.per_worker': way})  # fmt: skip
 
 
 def test_auto_is_mean_off_the_cpu_only_where_it_is_exact():

@@ -150,7 +150,7 @@ def sync() -> ml_collections.ConfigDict:
   # where the update sees the gradients only through their sum, factory.MEAN_ONLY) or
   # 'device' ('mean', and one model per device in the train state, the chain run once per
   # device: memory that does not grow with the simulated workers; factory.DEVICE_MODEL;
-  # checkpoints resume only at the same number of workers).
+  # a run with it resumes only a checkpoint of the same workers, devices and per_worker).
   s.per_worker = 'auto'
   return s
 

@@ -388,7 +388,7 @@ def describe(method: str) -> str:
 # --- the trainer's side: checks on the checkpoint's metadata, and the restore ------------
 
 # What a checkpoint's metadata records of the run that wrote it (`trainer.train_and_evaluate`).
-RECORDED = ('workers', 'devices', 'method', 'model')
+RECORDED = ('workers', 'devices', 'method', 'model', 'per_worker')
 # Metadata measured at the writer's per-worker batch: measured afresh after a resize.
 REMEASURED = ('compute_s', 'compute_s_candidates', 'noise')
 
@@ -401,6 +401,7 @@ def recorded(exp) -> dict[str, Any]:
     'devices': w.devices,
     'method': exp.config.sync.method,
     'model': exp.config.model.name,
+    'per_worker': exp.config.sync.per_worker,
   }
 
 

@@ -156,11 +156,11 @@ def make_train_step(
     running averages are linear). The state's memory does not grow with the
     simulated workers. Exact where `'mean'` is and the chain's means over
     workers are means (tested: plain all-reduce with momentum, PowerSGD,
-    whose one residual per device is the mean of its workers' and whose
-    orthogonalisation does not see the scale of the sum). Not with `counted` or
+    whose one residual per device is the mean of its workers'). Not with `counted` or
     per-worker keyword arguments; `wire` counts a device's transfers once
-    per worker, as the other ways do. The trainer does not use it (its
-    checkpoints, elastic resizing and noise step hold one model per worker).
+    per worker, as the other ways do. The trainer uses it where
+    `config.sync.per_worker='device'`; it resumes only a checkpoint of the
+    same workers, devices and per_worker (no elastic resizing).
   - `'auto'` (default): `'loop'` on the CPU when a device holds more than one
     worker, else `'vmap'`.
 
