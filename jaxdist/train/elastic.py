@@ -406,9 +406,11 @@ def recorded(exp) -> dict[str, Any]:
 
 
 def check_same_run(meta: Mapping[str, Any], exp) -> None:
-  """Raises `ReshardError` if the checkpoint (its metadata) is another model's or method's.
+  """Raises `ReshardError` if the checkpoint (its metadata) is another model's or method's,
+  or if it or this run holds one model per device (`sync.per_worker='device'`, which is not
+  resharded) and the two differ in workers, devices or per_worker.
 
-  Checkpoints written before these fields were recorded pass unchecked.
+  Checkpoints written before these fields were recorded pass the first check unchecked.
   """
   now = recorded(exp)
   differ = [k for k in ('method', 'model') if k in meta and meta[k] != now[k]]
@@ -418,6 +420,16 @@ def check_same_run(meta: Mapping[str, Any], exp) -> None:
     raise ReshardError(
       f'it was written by {them}; this run is {us}. Resume with the config that wrote it, '
       'or start afresh in a new --workdir'
+    )
+  layout = ('workers', 'devices', 'per_worker')
+  if 'device' in (meta.get('per_worker'), now['per_worker']) and any(
+    meta.get(k) != now[k] for k in layout
+  ):
+    them = ', '.join(f'{k}={meta.get(k)}' for k in layout)
+    raise ReshardError(
+      f"it was written by {them}; with sync.per_worker='device' the state holds one model "
+      'per device, which is not resharded: resume with the workers, devices and per_worker '
+      'that wrote it, or start afresh in a new --workdir'
     )
 
 

@@ -525,22 +525,6 @@ def kill_at_step(step: int) -> Callable[[int, StepLog, checkpoint.Checkpointer],
   return hook
 
 
-def _check_one_model_per_device(saved: dict[str, Any], exp) -> None:
-  """Raises `elastic.ReshardError` unless a checkpoint with one model per device
-  (`sync.per_worker='device'`) and this run agree on the workers, devices and per_worker."""
-  now = elastic.recorded(exp)
-  keys = ('workers', 'devices', 'per_worker')
-  if 'device' not in (saved.get('per_worker'), now['per_worker']):
-    return
-  if any(saved.get(k) != now[k] for k in keys):
-    them = ', '.join(f'{k}={saved.get(k)}' for k in keys)
-    raise elastic.ReshardError(
-      f"it was written by {them}; with sync.per_worker='device' the state holds one model "
-      'per device, which is not resharded: resume with the workers, devices and per_worker '
-      'that wrote it, or start afresh in a new --workdir'
-    )
-
-
 def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, Any]]:
   """(state, step, metadata): the latest checkpoint's, or a fresh state at step 0.
 
@@ -555,7 +539,6 @@ def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, A
   saved = checkpoint.read_meta(ckpt.directory, start)
   try:
     elastic.check_same_run(saved, exp)
-    _check_one_model_per_device(saved, exp)
     if elastic.needed(saved, exp):
       state, meta, done = elastic.restore(exp, ckpt.directory, start, state_shape, saved)
       logging.info('resumed from step %d, resharded %s (%s): %s', start, done,
