@@ -260,11 +260,8 @@ def check_per_worker(config) -> None:
   where exact."""
   way = config.sync.per_worker
   if way not in step_lib.PER_WORKER:
-    raise ValueError(
-      "config.sync.per_worker must be 'auto', 'vmap', 'loop', 'shared', 'mean' or 'device', "
-      f'got {way!r}'
-    )
-  if way in ('mean', 'device') and (why := _mean_not_exact(config)):
+    raise ValueError(f'config.sync.per_worker must be {step_lib.WAYS}, got {way!r}')
+  if way in step_lib.MEAN_GRADIENT and (why := _mean_not_exact(config)):
     raise ValueError(
       f"config.sync.per_worker={way!r} hands each worker its device's mean gradient, exact only "
       f"where the update sees the workers' gradients only through their sum, but {why}; use "

@@ -99,6 +99,9 @@ def make_init(
 # make_train_step's ways of running a device's simulated workers; TOGETHER run them at once
 PER_WORKER = ('auto', 'vmap', 'loop', 'shared', 'mean', 'device')
 TOGETHER = ('vmap', 'shared', 'mean', 'device')
+MEAN_GRADIENT = ('mean', 'device')  # every worker of a device is handed one mean gradient
+# the ways as an error message lists them: "'auto', ... or 'device'"
+WAYS = ', '.join(map(repr, PER_WORKER[:-1])) + f' or {PER_WORKER[-1]!r}'
 
 
 def make_train_step(
@@ -232,10 +235,8 @@ def make_train_step(
     return jax.tree.map(lambda g: g[None], grad), model_state, loss, accuracy
 
   if per_worker not in PER_WORKER:
-    raise ValueError(
-      f"per_worker must be 'auto', 'vmap', 'loop', 'shared', 'mean' or 'device', got {per_worker!r}"
-    )
-  if counted and per_worker in ('mean', 'device'):
+    raise ValueError(f'per_worker must be {WAYS}, got {per_worker!r}')
+  if counted and per_worker in MEAN_GRADIENT:
     raise ValueError(
       f'per_worker={per_worker!r} hands every worker one mean gradient: not with counted'
     )
@@ -479,11 +480,9 @@ def make_noise_step(
     return grads, optax.tree.norm(grads, squared=True)
 
   def device(state: TrainState, x, y, *counts):
-    replica = (state.params, state.model_state)
+    replica, axis = (state.params, state.model_state), 0
     if per_worker == 'device':  # the device's one model, every worker's
       replica, axis = jax.tree.map(lambda a: a[0], replica), None
-    else:
-      axis = 0
     in_axes = (axis, axis, *(0 for _ in (x, y, *counts)))
     grads, sq = jax.vmap(one, in_axes)(*replica, x, y, *counts)
     w = counts[0].astype(jnp.float32) if counts else jnp.ones(sq.shape, jnp.float32)
