@@ -159,8 +159,9 @@ def _candidates(jd, tau: float, ratio: float, before: bool):
   # the same work with the coins replaced by rounding half up: what the coins cost is the rest
   rounded = lambda cls: type(f'{cls.__name__}Rounded', (cls,), {'coins': lambda _, k, p: p >= 0.5})
   out = [
-    ('topk (exact)', c.topk(ratio=ratio)),
-    ('topk (exact, candidates)', c.topk(ratio=ratio, candidates=True)),
+    ('topk (exact, lax.top_k)', c.topk(ratio=ratio, selection='top_k')),
+    ('topk (exact, bisect)', c.topk(ratio=ratio, selection='bisect')),
+    ('topk (exact, candidates)', c.topk(ratio=ratio, selection='candidates')),
     ('mstopk', c.mstopk(ratio=ratio)),
     ('dgc', c.dgc(ratio=ratio)),
     ('dgc before', dgc_before(ratio=ratio)),

@@ -139,7 +139,9 @@ def test_top_k_from_candidates_ranks_nan_as_top_k_does():
   'c',
   [
     C.topk(ratio=0.05),
-    C.topk(ratio=0.05, candidates=True),
+    C.topk(ratio=0.05, selection='candidates'),
+    C.topk(ratio=0.05, selection='bisect'),
+    C.topk(ratio=0.05, selection='top_k'),
     C.mstopk(ratio=0.05),
     C.dgc(ratio=0.05),
     C.threshold(tau=1.0, ratio=0.05),
@@ -157,14 +159,95 @@ def test_sparse_payloads_have_distinct_indices_and_zero_padding(c):
   np.testing.assert_array_equal(values[real], np.asarray(X)[idx[real]])
 
 
-def test_topk_with_candidates_sends_the_same_payload():
+@pytest.mark.parametrize(
+  'a, k, width, want',
+  [
+    # bins [1 3] [3 0] [5 3] [2 3]: bins 2, 0, 1 chosen; the 5 and the first two 3s
+    ([1, 3, 3, 0, 5, 3, 2, 3], 3, 2, [1, 2, 4]),
+    ([1, 3, 3, 0, 5, 3, 2, 3], 3, 1, [1, 2, 4]),
+    ([1, 3, 3, 0, 5, 3, 2, 3], 3, None, [1, 2, 4]),
+    # the largest alone in a padded last bin [7 pad pad], then zeros by position
+    ([0] * 9 + [7], 3, 3, [0, 1, 9]),
+    ([0] * 10, 3, 2, [0, 1, 2]),
+    # NaN first, then inf, as lax.top_k ranks them
+    ([0, np.nan, 1, np.inf, 1], 2, 1, [1, 3]),
+    ([0, np.nan, 1, np.inf, 1, 0], 3, 2, [1, 2, 3]),
+  ],
+)
+def test_top_k_bisect_by_hand(a, k, width, want):
+  got = jax.jit(sparsify.top_k_bisect, static_argnums=(1, 2))(jnp.asarray(a, jnp.float32), k, width)
+  np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize('width', [None, 1, 7])
+@pytest.mark.parametrize('case', list(_candidate_cases()))
+def test_top_k_bisect_is_numpys_top_k_in_position_order(case, width):
+  a, k, _ = _candidate_cases()[case]
+  got = jax.jit(sparsify.top_k_bisect, static_argnums=(1, 2))(jnp.asarray(a), k, width)
+  np.testing.assert_array_equal(np.asarray(got), np.sort(_top_k_reference(a, k)[1]))
+
+
+def test_top_k_bisect_under_vmap_and_with_nan():
+  cases = _candidate_cases()
+  rows = np.stack([cases['normal'][0], cases['zeros'][0], cases['ties'][0]])
+  rows[0, [5, 50_000]] = np.nan
+  got = jax.jit(jax.vmap(lambda a: sparsify.top_k_bisect(a, 700)))(rows)
+  for row, idx in zip(rows, np.asarray(got), strict=True):
+    want = np.sort(np.asarray(jax.lax.top_k(jnp.asarray(row), 700)[1]))
+    np.testing.assert_array_equal(idx, want)
+  assert {5, 50_000} <= set(np.asarray(got[0]).tolist())
+
+
+@pytest.mark.parametrize('n', [1, 31, 32, 33, 1025, 100_003])
+def test_prefix_sum_is_numpys_cumsum(n):
+  x = np.random.default_rng(n).integers(0, 3, (2, n)).astype(np.int32)
+  got = jax.jit(sparsify._prefix_sum)(jnp.asarray(x))
+  np.testing.assert_array_equal(np.asarray(got), np.cumsum(x, axis=-1))
+
+
+def test_threshold_searches_run_per_device_in_shard_map():
+  """Their loops' carries follow the input across devices (check_vma=True)."""
+  mesh = jax.make_mesh((8,), ('w',), axis_types=(jax.sharding.AxisType.Explicit,))
+  rows = np.abs(np.random.default_rng(2).standard_normal((8, 4000))).astype(np.float32)
+  spec = jax.sharding.PartitionSpec('w')
+  x = jax.device_put(jnp.asarray(rows), jax.NamedSharding(mesh, spec))
+  both = lambda a: (sparsify.top_k_bisect(a[0], 40)[None], sparsify._kth_largest(a[0], 40)[None])
+  idx, kth = jax.jit(jax.shard_map(both, mesh=mesh, in_specs=spec, out_specs=spec))(x)
+  for row, i, t in zip(rows, np.asarray(idx), np.asarray(kth), strict=True):
+    want = np.sort(np.argsort(-row, kind='stable')[:40])
+    np.testing.assert_array_equal(i, want)
+    assert t == np.sort(row)[-40]
+
+
+@pytest.mark.parametrize('k', [1, 500, 25_000, 30_000])  # 30,000 > n/2: lax.top_k's way
+def test_every_topk_selection_sends_the_same_elements(k):
   x = jnp.asarray(np.random.default_rng(1).standard_normal(50_000), jnp.float32)
-  plain = C.topk(ratio=0.01).encode(x, None, None)[0]
-  from_candidates = C.topk(ratio=0.01, candidates=True).encode(x, None, None)[0]
+  x = x.at[:100].set(x[100:200])  # ties of magnitude at many positions
+  by_top_k = C.topk(k=k, selection='top_k').encode(x, None, None)[0]
+  want_values, want_idx = (np.asarray(a) for a in by_top_k)
+  np.testing.assert_array_equal(want_idx, np.asarray(jax.lax.top_k(jnp.abs(x), k)[1]))
+  for way in ('auto', 'bisect', 'candidates'):
+    values, idx = (np.asarray(a) for a in C.topk(k=k, selection=way).encode(x, None, None)[0])
+    order = np.argsort(idx)
+    np.testing.assert_array_equal(idx[order], np.sort(want_idx), err_msg=way)
+    np.testing.assert_array_equal(values[order], want_values[np.argsort(want_idx)], err_msg=way)
+
+
+def test_topk_with_candidates_sends_top_ks_payload_in_its_order():
+  x = jnp.asarray(np.random.default_rng(1).standard_normal(50_000), jnp.float32)
+  plain = C.topk(ratio=0.01, selection='top_k').encode(x, None, None)[0]
+  from_candidates = C.topk(ratio=0.01, selection='candidates').encode(x, None, None)[0]
   for got, want in zip(from_candidates, plain, strict=True):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-  encode = lambda x: C.topk(k=5, candidates=True).encode(x, None, None)
+  encode = lambda x: C.topk(k=5, selection='candidates').encode(x, None, None)
   assert 'sort' in str(jax.make_jaxpr(encode)(x))  # the candidates' way ran
+  encode = lambda x: C.topk(k=500, selection='bisect').encode(x, None, None)
+  assert 'top_k' not in str(jax.make_jaxpr(encode)(x))  # and bisection runs no top_k
+
+
+def test_topk_refuses_an_unknown_selection():
+  with pytest.raises(ValueError, match=r"selection must be one of .*'bisect'.*got 'sort'"):
+    C.topk(ratio=0.01, selection='sort')
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,31 @@ def _compact(mask: jax.Array, k: int, offset: jax.Array | int = 0) -> tuple[jax.
   return idx, jnp.arange(k) < total
 
 
+def _prefix_sum(x: jax.Array, block: int = 32) -> jax.Array:
+  """Inclusive prefix sums of non-negative int32 counts along the last axis.
+
+  Blocks of `block` are summed by a matmul with a triangular matrix of ones
+  and the blocks' totals by the same, recursively: exact in float32 while the
+  sums stay below 2^24 (beyond, `lax.associative_scan`). On the CPU of issue
+  14 this runs as fast as `associative_scan` and compiles 2-4x faster; jnp's
+  `cumsum` (towers of reduce-windows) runs 2-3x slower.
+  """
+  *lead, n = x.shape
+  if n >= 1 << 24:
+    return lax.associative_scan(jnp.add, x, axis=-1)
+  width = min(n, block)
+  blocks = -(-n // width)
+  pad = [(0, 0)] * len(lead) + [(0, blocks * width - n)]
+  x_MxB = jnp.pad(x.astype(jnp.float32), pad).reshape(*lead, blocks, width)
+  ones_BxB = jnp.triu(jnp.ones((width, width), jnp.float32))
+  inner_MxB = jnp.matmul(x_MxB, ones_BxB, precision=lax.Precision.HIGHEST)
+  if blocks > 1:
+    totals_M = inner_MxB[..., -1]
+    before_M = _prefix_sum(totals_M.astype(jnp.int32), block) - totals_M
+    inner_MxB = inner_MxB + before_M[..., None]
+  return inner_MxB.reshape(*lead, blocks * width)[..., :n].astype(jnp.int32)
+
+
 def _compact_counted(
   mask: jax.Array, k: int, offset: jax.Array | int = 0
 ) -> tuple[jax.Array, jax.Array]:
@@ -48,7 +73,7 @@ def _compact_counted(
   """
   n = mask.size
   held_N = mask.astype(jnp.int32)
-  before_N = lax.associative_scan(jnp.add, held_N) - held_N  # held positions before each
+  before_N = _prefix_sum(held_N) - held_N  # held positions before each
   total = before_N[-1] + held_N[-1]
   at_offset = before_N[offset]
   pos_N = lax.iota(jnp.int32, n)
@@ -58,21 +83,96 @@ def _compact_counted(
   return idx, total
 
 
-def _kth_largest(a: jax.Array, k: int) -> jax.Array:
-  """The k-th largest of the non-negative float32 values `a` (exactly `lax.top_k(a, k)[0][-1]`).
+def _count_at_least(bits: jax.Array, t: jax.Array) -> jax.Array:
+  """How many of `bits` are >= t; summed as floats (exact below 2^24, and faster on the CPU)."""
+  held = bits >= t
+  return jnp.sum(held, dtype=jnp.float32 if bits.size < 1 << 24 else jnp.int32)
 
-  Non-negative floats order as their int32 bit patterns, so the answer is
-  the largest t with at least k values >= t, built bit by bit from the top:
-  31 counting passes over `a`, a fraction of the cost of top_k's sort.
+
+def _kth_largest_bits(bits: jax.Array, k: int) -> jax.Array:
+  """The largest t >= 0 with at least k of the int32 `bits` at or above it (needs k <= size).
+
+  Built bit by bit from the top: 31 counting passes over `bits`, in a loop
+  (unrolled, it compiled 2-4x slower and ran slower on the CPU). For the bit
+  patterns of non-negative floats (NaN above inf, as `lax.top_k` ranks it)
+  this is the pattern of the k-th largest value; negative entries (padding)
+  never count.
   """
-  bits = lax.bitcast_convert_type(a, jnp.int32)
 
   def bit(i, t):
     candidate = t | (jnp.int32(1) << (30 - i))
-    return jnp.where(jnp.sum(bits >= candidate) >= k, candidate, t)
+    return jnp.where(_count_at_least(bits, candidate) >= k, candidate, t)
 
-  t = lax.fori_loop(0, 31, bit, jnp.int32(0), unroll=True)
+  return lax.fori_loop(0, 31, bit, jnp.zeros_like(bits, shape=()))  # varying, as bits, in shard_map
+
+
+def _kth_largest(a: jax.Array, k: int) -> jax.Array:
+  """The k-th largest of the non-negative float32 values `a` (exactly `lax.top_k(a, k)[0][-1]`).
+
+  Non-negative floats order as their int32 bit patterns (`_kth_largest_bits`):
+  31 counting passes over `a`, a fraction of the cost of top_k's sort.
+  """
+  t = _kth_largest_bits(lax.bitcast_convert_type(a, jnp.int32), k)
   return lax.bitcast_convert_type(t, jnp.float32)
+
+
+def _first_k_largest(bits: jax.Array, k: int) -> jax.Array:
+  """positions[k]: `lax.top_k(bits, k)`'s set, ascending, for k <= #entries >= 0.
+
+  Every entry above the k-th largest value t, and the first of those equal
+  to t by position (top_k breaks ties towards the lower position) up to k.
+  Where more entries tie at t than there is room for, the cut position is
+  found by bisection of positions (about log2(n) counting passes; none
+  where every tie fits, as with distinct values); then one compaction.
+  """
+  n = bits.size
+  t = _kth_largest_bits(bits, k)
+  above_N, tied_N = bits > t, bits == t
+  room = k - jnp.sum(above_N, dtype=jnp.int32)
+  pos_N = lax.iota(jnp.int32, n)
+
+  def halve(lo_hi):  # the first cut with `room` ties before it lies in [lo, hi]
+    lo, hi = lo_hi
+    mid = (lo + hi) // 2
+    enough = jnp.sum(tied_N & (pos_N < mid), dtype=jnp.int32) >= room
+    return jnp.where(enough, lo, mid + 1), jnp.where(enough, mid, hi)
+
+  every_tie_fits = jnp.sum(tied_N, dtype=jnp.int32) <= room
+  start = (jnp.where(every_tie_fits, n, 0), jnp.full_like(room, n))
+  cut, _ = lax.while_loop(lambda lo_hi: lo_hi[0] < lo_hi[1], halve, start)
+  return _compact_counted(above_N | (tied_N & (pos_N < cut)), k)[0]
+
+
+def top_k_bisect(a: jax.Array, k: int, width: int | None = None) -> jax.Array:
+  """The positions of `lax.top_k(a, k)` for floats a >= +0.0, ascending; no sort.
+
+  a is cut into bins of `width` elements (default about sqrt(n/k)). The
+  answer lies in the k bins with the largest maxima (ties to the lower bin):
+  a bin left out has its maximum at most the k-th largest bin maximum, which
+  is at most the k-th largest element, and each of the k chosen bins holds an
+  element at least as large that comes first or is larger. So the k-th
+  largest bin maximum is found by bisection of bit patterns (31 counting
+  passes over n/width maxima), the chosen bins' k·width elements are
+  gathered, and the same selection runs over them. Ties and NaN (ranked
+  first, as top_k does) give top_k's positions; only their order differs
+  (ascending here, by value there), which no decode sees. (-0.0 would rank
+  below every other value: pass |x|, as `TopK` does.)
+
+  Cost (2-core CPU of issue 14, 151K floats, k = 1%, eight devices each
+  selecting): 2.9 ms against 4.5 ms for `lax.top_k`; at 10M floats on one
+  device far less than top_k, which sorts. Needs n >= 2k (else use top_k).
+  """
+  n = a.size
+  if width is None:
+    width = max(1, round(float(np.sqrt(n / k))))
+  width = max(1, min(width, n // k))  # at least k bins
+  bins = -(-n // width)
+  bits = lax.bitcast_convert_type(a, jnp.int32)
+  bits_BxW = jnp.pad(bits, (0, bins * width - n), constant_values=-1).reshape(bins, width)
+  chosen_K = _first_k_largest(jnp.max(bits_BxW, axis=1), k)
+  rows_KxW = bits_BxW.at[chosen_K].get(mode='promise_in_bounds')
+  picked_K = _first_k_largest(rows_KxW.reshape(-1), k)
+  return chosen_K[picked_K // width] * width + picked_K % width
 
 
 def _top_k_candidates(a: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -80,7 +180,7 @@ def _top_k_candidates(a: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 
   See `_candidates`; where they do not hold the answer, top_k over all of a,
   in a `while_loop` that runs its body at most once (a `cond` would run both
-  branches under `vmap`). `TopK(candidates=True)`'s way.
+  branches under `vmap`). `TopK(selection='candidates')`'s way.
   """
 
   def whole(_):
@@ -155,29 +255,50 @@ class _Sparsifier(Compressor):
     return scatter(values, indices, n)
 
 
+SELECTIONS = ('auto', 'top_k', 'bisect', 'candidates')
+
+
 @dataclasses.dataclass(frozen=True)
 class TopK(_Sparsifier):
-  """Exact Top-k by magnitude (`lax.top_k`).
+  """Exact Top-k by magnitude: the k largest |x|, ties to the lower position (as `lax.top_k`).
 
-  With `candidates`, the same payload (values, positions, their order) from a
-  candidate set: elements above a threshold read off an evenly spaced
-  sample, then `lax.top_k` over 4k of them, falling back to the whole vector
-  where the sample misled (`_top_k_candidates`). Meant for accelerators
-  whose TopK sorts the whole vector when k is large; it has not yet been
-  timed on one (`experiments/bench_compress.py` prints both rows side by
-  side). On the 2-core CPU of issue 14 it was slower at 1M floats (11.0
-  against 9.9 ms) and faster at 10M (129 against 166 ms), and in the
-  digits CNN's 8-device step (151K floats a device) far slower: its prefix
-  sum and scatter over all n cost more there than `lax.top_k`'s selection.
+  `selection` is how the k positions are found; every way sends the same
+  elements, and only the order of the payload's slots differs:
+  - `'top_k'`: `lax.top_k` (slots by value, largest first).
+  - `'bisect'`: `top_k_bisect`, bins and bisection of bit patterns, no sort
+    (slots by position). On the 2-core CPU of issue 14, one device, 151K
+    floats at 1%: 0.8 against 1.1 ms; at 10M floats far faster than top_k,
+    which sorts (`experiments/bench_compress.py` prints the rows side by side).
+  - `'candidates'`: elements above a threshold read off an evenly spaced
+    sample, then `lax.top_k` over 4k of them, falling back to the whole
+    vector where the sample misled (`_top_k_candidates`; slots by value).
+    Slower than top_k in the digits CNN's step on the CPU (its prefix sum and
+    scatter over all n); meant for accelerators whose TopK sorts the whole
+    vector when k is large, not yet timed on one.
+  - `'auto'` (default): `'bisect'` on the CPU, `'top_k'` on other backends
+    (an H100's top_k was 2.5x-9x a memory pass at 1M-10M floats; bisect has
+    not been timed there).
+  Where n < 2k, every way is `lax.top_k`.
   """
 
-  candidates: bool = False
+  selection: str = 'auto'
   name: ClassVar[str] = 'topk'
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.selection not in SELECTIONS:
+      raise ValueError(f'topk: selection must be one of {SELECTIONS}, got {self.selection!r}')
 
   def encode(self, x, state, key):
     del key
-    top_k = _top_k_candidates if self.candidates else lax.top_k
-    _, idx = top_k(jnp.abs(x), self.kept(x.size))
+    n, k = x.size, self.kept(x.size)
+    way = self.selection
+    if way == 'auto':
+      way = 'bisect' if jax.default_backend() == 'cpu' else 'top_k'
+    if way == 'bisect' and n >= 2 * k:
+      idx = top_k_bisect(jnp.abs(x), k)
+    else:
+      _, idx = (_top_k_candidates if way == 'candidates' else lax.top_k)(jnp.abs(x), k)
     return (x[idx], idx.astype(jnp.int32)), state
 
 

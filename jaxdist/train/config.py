@@ -164,7 +164,7 @@ def compress() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name = 'topk'
   c.identity = {}
-  c.topk = dict(ratio=0.01, k=_int(), candidates=False)  # candidates: see compress.TopK
+  c.topk = dict(ratio=0.01, k=_int(), selection='auto')  # selection: see compress.TopK
   c.mstopk = dict(ratio=0.01, k=_int(), rounds=25)
   c.dgc = dict(
     ratio=0.01, k=_int(), sample_ratio=0.01, min_sample=2048, max_sample=16384, bins_per_k=2
