@@ -205,6 +205,7 @@ def test_cifar10_resnet20_runlocal_uses_synthetic_data(tmp_path, data_dir, metho
       f'--config.sync.method={method}',
       f'--config.sync.{option}',
       '--config.noise_every=0',  # the noise step is a third ResNet-20 program to compile
+      '--config.network.compute_s=0.05',  # and the one-worker measurement a fourth
     ),
     env=binary_env(data_dir),
     capture_output=True,

@@ -233,6 +233,13 @@ def test_every_topk_selection_sends_the_same_elements(k):
     np.testing.assert_array_equal(values[order], want_values[np.argsort(want_idx)], err_msg=way)
 
 
+@pytest.mark.parametrize('dtype', [jnp.bfloat16, jnp.float16])
+def test_top_k_bisect_of_16_bit_floats_is_top_ks(dtype):
+  a = jnp.abs(jnp.asarray(np.random.default_rng(3).standard_normal(20_000), dtype))  # many ties
+  got = jax.jit(sparsify.top_k_bisect, static_argnums=1)(a, 300)
+  np.testing.assert_array_equal(np.asarray(got), np.sort(np.asarray(jax.lax.top_k(a, 300)[1])))
+
+
 def test_topk_with_candidates_sends_top_ks_payload_in_its_order():
   x = jnp.asarray(np.random.default_rng(1).standard_normal(50_000), jnp.float32)
   plain = C.topk(ratio=0.01, selection='top_k').encode(x, None, None)[0]

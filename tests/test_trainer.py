@@ -574,3 +574,28 @@ def test_auto_is_mean_off_the_cpu_only_where_it_is_exact():
     f'{REPO}/configs/digits.py:runlocal', **{'sync.method': 'powersgd'}
   )
   assert factory.per_worker(powersgd, 8, 'gpu') == 'mean'  # linear in the sum (test_per_worker)
+
+
+def test_a_given_compute_term_is_charged_and_nothing_is_measured(tmp_path, data_dir, monkeypatch):
+  """config.network.compute_s stands in for the one-worker measurement in the modelled clock."""
+  from jaxdist.train import trainer
+
+  monkeypatch.setattr(trainer, 'measure_worker_steps', lambda *a, **k: pytest.fail('measured'))
+  given = {'network.compute_s': 0.25, 'network.profiles': '1gbps', 'steps': 3}
+  summary, records, _ = run_digits(tmp_path, 'given', data_dir, monkeypatch, **given)
+  assert summary['worker_step_s'] == 0.25
+  for r in records:
+    if 'comm_s@1gbps' in r:  # dense all-reduce: all of it blocks the step
+      assert r['modelled_s@1gbps'] == pytest.approx(0.25 + r['comm_s@1gbps'], rel=1e-12)
+  assert summary['modelled_s@1gbps'] == pytest.approx(sum(
+    0.25 + r['comm_s@1gbps'] for r in records if 'comm_s@1gbps' in r
+  ), rel=1e-12)  # fmt: skip
+
+
+@pytest.mark.parametrize('bad', [-0.1, float('inf'), float('nan')])
+def test_a_compute_term_that_is_not_seconds_is_refused(tmp_path, bad):
+  config = config_lib.base()
+  config.network.compute_s = bad
+  with pytest.raises(ValueError, match=r'network.compute_s must be a finite number of seconds'):
+    factory.build(config, str(tmp_path / 'w'))
+  assert not (tmp_path / 'w').exists()

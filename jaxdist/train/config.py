@@ -220,6 +220,10 @@ def network() -> ml_collections.ConfigDict:
   # the m rails of a node share its NIC (a rail's all-gather gets 1/m of the bandwidth);
   # False: a NIC per worker
   n.shared_nic = True
+  # The compute term: one worker's step in seconds (e.g. a step timed on the hardware being
+  # modelled). 0: measured here, one worker's step on one local device, once per run (with a
+  # ratio controller, once per candidate); given, every candidate is charged the same.
+  n.compute_s = 0.0
   return n
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
+import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -594,6 +595,11 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     if config.network.algorithm not in netmodel.ALGORITHMS:
       raise ValueError(
         f'network.algorithm must be one of {netmodel.ALGORITHMS}, got {config.network.algorithm!r}'
+      )
+    if not 0 <= float(config.network.compute_s) < math.inf:
+      raise ValueError(
+        f"network.compute_s must be a finite number of seconds >= 0 (0: measure one worker's "
+        f'step here), got {config.network.compute_s}'
       )
     networks = {name: netmodel.resolve(name) for name in config_lib.names(config.network.profiles)}
     _check_hierarchy(config, workers)

@@ -153,13 +153,16 @@ def candidate_step_s(exp: factory.Experiment, meta: dict[str, Any]) -> list[floa
 
   A worker's step costs what its compressor costs: a 10× Top-k's selection
   is slower than a 1000×'s. The modelled clock charges each step the
-  measured step of the candidate it ran. Measured once, like `worker_step_s`.
+  measured step of the candidate it ran. Measured once, like `worker_step_s`;
+  with `config.network.compute_s` given, that for every candidate.
   """
   ctl = exp.ratio_control
   if ctl is None:
     return []
   if meta.get('compute_s_candidates'):
     return [float(v) for v in meta['compute_s_candidates']]
+  if exp.config.network.compute_s:
+    return [float(exp.config.network.compute_s)] * (ctl.dense + 1)
   out = measure_worker_steps(exp, range(ctl.dense + 1), budget_s=0.5)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
@@ -174,10 +177,13 @@ def worker_step_s(exp: factory.Experiment, meta: dict[str, Any]) -> float:
   A resumed run reuses the measurement its checkpoint recorded, and with
   several processes process 0's measurement is everyone's, so host-side
   decisions that read the modelled clock (streams, GraVAC) agree across
-  processes and across a crash.
+  processes and across a crash. `config.network.compute_s`, where given,
+  stands in for the measurement.
   """
   if meta.get('compute_s'):
     return float(meta['compute_s'])
+  if exp.config.network.compute_s:  # given: no measurement
+    return float(exp.config.network.compute_s)
   compute_s = measure_worker_step(exp)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
