@@ -97,7 +97,8 @@ def jd_candidates():
 def test_adopt_resumes_from_its_checkpoint_exactly(tmp_path, data_dir, monkeypatch):
   # an uninterrupted run, and one that restarts from its checkpoint at step 8 (the controller's
   # state in the metadata): the same decisions, losses and weights
-  common = dict(steps=12, checkpoint_every=4, eval_every=4, **ADOPT)
+  # a given compute term: the candidates' one-worker step is not compiled and timed
+  common = dict(steps=12, checkpoint_every=4, eval_every=4, **ADOPT, **{'network.compute_s': 0.01})
   _, whole = run(tmp_path, 'whole', data_dir, monkeypatch, **common)
   assert 8 in saved_steps(tmp_path, 'whole')
   os.makedirs(tmp_path / 'again' / 'checkpoints')
