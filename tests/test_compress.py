@@ -252,6 +252,13 @@ def test_topk_with_candidates_sends_top_ks_payload_in_its_order():
   assert 'top_k' not in str(jax.make_jaxpr(encode)(x))  # and bisection runs no top_k
 
 
+def test_auto_bisects_long_vectors_on_the_cpu_and_sorts_short_ones():
+  encode = lambda x: C.topk(ratio=0.01).encode(x, None, None)
+  long, short = jnp.ones(sparsify.BISECT_FROM), jnp.ones(sparsify.BISECT_FROM - 1)
+  assert 'top_k' not in str(jax.make_jaxpr(encode)(long))
+  assert 'top_k' in str(jax.make_jaxpr(encode)(short))
+
+
 def test_topk_refuses_an_unknown_selection():
   with pytest.raises(ValueError, match=r"selection must be one of .*'bisect'.*got 'sort'"):
     C.topk(ratio=0.01, selection='sort')

@@ -256,6 +256,7 @@ class _Sparsifier(Compressor):
 
 
 SELECTIONS = ('auto', 'top_k', 'bisect', 'candidates')
+BISECT_FROM = 1 << 18  # TopK(selection='auto') bisects vectors this long and longer on the CPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,9 +277,13 @@ class TopK(_Sparsifier):
     Slower than top_k in the digits CNN's step on the CPU (its prefix sum and
     scatter over all n); meant for accelerators whose TopK sorts the whole
     vector when k is large, not yet timed on one.
-  - `'auto'` (default): `'bisect'` on the CPU, `'top_k'` on other backends
-    (an H100's top_k was 2.5x-9x a memory pass at 1M-10M floats; bisect has
-    not been timed there).
+  - `'auto'` (default): `'bisect'` on the CPU from `BISECT_FROM` elements,
+    `'top_k'` below and on other backends. Bisect compiles in ~0.7 s against
+    top_k's 0.08 s (one call, 151K floats), which a few hundred steps repay
+    at 1M floats but only about a thousand at the digits CNN's 151K, and a
+    run with ratio candidates compiles one selection per candidate. An
+    H100's top_k was 2.5x-9x a memory pass at 1M-10M floats; bisect has not
+    been timed there.
   Where n < 2k, or for float64, `'bisect'` is `lax.top_k`.
   """
 
@@ -295,7 +300,7 @@ class TopK(_Sparsifier):
     n, k = x.size, self.kept(x.size)
     way = self.selection
     if way == 'auto':
-      way = 'bisect' if jax.default_backend() == 'cpu' else 'top_k'
+      way = 'bisect' if jax.default_backend() == 'cpu' and n >= BISECT_FROM else 'top_k'
     if way == 'bisect' and n >= 2 * k and jnp.finfo(x.dtype).bits <= 32:
       idx = top_k_bisect(jnp.abs(x), k)
     else:

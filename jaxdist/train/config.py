@@ -275,7 +275,7 @@ def variants() -> ml_collections.ConfigDict:
     {
       # compression
       'dense': method('allreduce'),
-      'topk1_ef': compressed('topk', ratio=0.01),
+      'topk1_ef': compressed('topk', ratio=0.01, selection='bisect'),  # 'auto' = top_k at 151K
       'artopk1': compressed('topk', 'allreduce', ratio=0.01),
       'dgc1': compressed('dgc', ratio=0.01),  # Top-k 1% from DGC's sampled threshold
       # hierarchical Top-k (run with devices=nodes, e.g. workers=16 devices=2: 2 nodes x 8)
