@@ -59,9 +59,6 @@ common = {
   'sync.method': 'compressed_allreduce',
   'compress.name': 'topk',
   'compress.topk.ratio': 0.1,
-  # every candidate compiles its own selection: for a 40-step run lax.top_k's compiles
-  # fastest ('auto' picks the sort-free 'bisect' on a CPU, which runs faster)
-  'compress.topk.selection': 'top_k',
   'gravac.window': 4,
   'gravac.epsilon': 0.5,
 }
@@ -180,7 +177,6 @@ adopt_config = jd.train.load_config(
     'steps': 40,
     'sync.method': 'compressed_allreduce',
     'compress.name': 'topk',
-    'compress.topk.selection': 'top_k',  # as above
     'sync.compressed_allreduce.collective': 'auto',
     'adaptive': 'adopt',
     'adopt.warmup_steps': 4,

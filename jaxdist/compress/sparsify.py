@@ -40,7 +40,7 @@ def _prefix_sum(x: jax.Array, block: int = 32) -> jax.Array:
   Blocks of `block` are summed by a matmul with a triangular matrix of ones
   and the blocks' totals by the same, recursively: exact in float32 while the
   sums stay below 2^24 (beyond, `lax.associative_scan`). On the CPU of issue
-  14 this runs as fast as `associative_scan` and compiles 2-4x faster; jnp's
+  14 this runs as fast as `associative_scan` and compiles 2-3x faster; jnp's
   `cumsum` (towers of reduce-windows) runs 2-3x slower.
   """
   *lead, n = x.shape
@@ -93,7 +93,7 @@ def _kth_largest_bits(bits: jax.Array, k: int) -> jax.Array:
   """The largest t >= 0 with at least k of the int32 `bits` at or above it (needs k <= size).
 
   Built bit by bit from the top: 31 counting passes over `bits`, in a loop
-  (unrolled, it compiled 2-4x slower and ran slower on the CPU). For the bit
+  (unrolled, it compiled about 2x slower and ran slower on the CPU). For the bit
   patterns of non-negative floats (NaN above inf, as `lax.top_k` ranks it)
   this is the pattern of the k-th largest value; negative entries (padding)
   never count.
@@ -159,7 +159,7 @@ def top_k_bisect(a: jax.Array, k: int, width: int | None = None) -> jax.Array:
   below every other value: pass |x|, as `TopK` does.)
 
   Cost (2-core CPU of issue 14, 151K floats, k = 1%, eight devices each
-  selecting): 2.9 ms against 4.5 ms for `lax.top_k`; at 10M floats on one
+  selecting): 3.0 ms against 5.0 ms for `lax.top_k`; at 10M floats on one
   device far less than top_k, which sorts. Needs n >= 2k (else use top_k).
   """
   n = a.size
@@ -268,14 +268,14 @@ class TopK(_Sparsifier):
   - `'top_k'`: `lax.top_k` (slots by value, largest first).
   - `'bisect'`: `top_k_bisect`, bins and bisection of bit patterns, no sort
     (slots by position). On the 2-core CPU of issue 14, eight devices each
-    selecting 1% of 151K floats: 2.9 against 4.5 ms; on one device, 5.2
-    against 13.3 ms at 1M floats and 40 against 191 ms at 10M, where top_k
+    selecting 1% of 151K floats: 3.0 against 5.0 ms; on one device, 2.5
+    against 9.8 ms at 1M floats and 30 against 180 ms at 10M, where top_k
     sorts (`experiments/bench_compress.py` prints the rows side by side).
   - `'candidates'`: elements above a threshold read off an evenly spaced
     sample, then `lax.top_k` over 4k of them, falling back to the whole
     vector where the sample misled (`_top_k_candidates`; slots by value).
-    Slower than top_k in the digits CNN's step on the CPU (its prefix sum and
-    scatter over all n); meant for accelerators whose TopK sorts the whole
+    Slower than top_k in the digits CNN's step on the CPU (its compaction
+    over all n); meant for accelerators whose TopK sorts the whole
     vector when k is large, not yet timed on one.
   - `'auto'` (default): `'bisect'` on the CPU from `BISECT_FROM` elements,
     `'top_k'` below and on other backends. Bisect compiles in ~0.7 s against
