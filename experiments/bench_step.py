@@ -19,6 +19,14 @@ one run:
         one backward pass of the device's mean loss, the chain once per
         device, and one model per device in the state: its memory does not
         grow with the simulated workers (plain all-reduce is exact this way).
+        With `--method=topk`, each worker's own gradient at its device's
+        model, compressed with its own residual; the optimizer once per
+        device (`SplitChain`): only the residuals grow with the workers.
+
+`--method` is the chain of the first two tables: `allreduce` (plain SGD after
+a dense all-reduce) or `topk` (Top-k 1% with error feedback, all-gathered,
+then SGD with momentum 0.9: state per worker of weights, momentum and
+residual, except with `device`).
 
 Each figure is the median of `--repeats` timed windows of `--steps` steps after
 a warm-up, the windows of all rows taken in turns so that a change in the
@@ -75,6 +83,7 @@ flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on th
 flags.DEFINE_list('workers', ['8', '64'], 'Simulated worker counts (on one device and on all).')
 flags.DEFINE_list('scaling', ['8', '16', '64', '256'], 'Worker counts of the scaling table.')
 flags.DEFINE_list('per_worker', ['vmap', 'loop'], 'Ways to compare (see above).')
+flags.DEFINE_enum('method', 'allreduce', ['allreduce', 'topk'], 'Chain of the first two tables.')
 flags.DEFINE_bool('layouts', True, 'Print the first table (single device, sharded, simulated).')
 flags.DEFINE_list(
   'overhead_params', ['150000', '1000000', '10000000'], 'Model sizes of the compressor table.'
@@ -88,6 +97,20 @@ flags.DEFINE_integer('overhead_steps', 0, 'Steps per window of the compressor ta
 flags.DEFINE_float('overhead_window_s', 1.0, "Auto windows last about this long (dense row's).")
 flags.DEFINE_string('results', None, 'Also write the tables as markdown here, with the command.')
 FLAGS = flags.FLAGS
+
+
+def _chain(method: str, axis_name, split: bool):
+  """The layout tables' optax chain (see the module's docstring); a SplitChain for 'device'."""
+  import optax
+
+  import jaxdist as jd
+  from jaxdist.train import step as step_lib
+
+  if method == 'allreduce':
+    return optax.chain(jd.sync.allreduce(axis_name=axis_name), optax.sgd(0.01))
+  compressed = jd.sync.compressed_allreduce(jd.compress.topk(ratio=0.01), axis_name=axis_name)
+  opt = optax.sgd(0.01, momentum=0.9)
+  return step_lib.SplitChain(compressed, opt) if split else optax.chain(compressed, opt)
 
 
 def _windows(runs: dict, warm: bool = True) -> dict:
@@ -352,7 +375,7 @@ def main(argv):
     if key in measured:
       return measured[key]
     workers = jd.runtime.layout(count, devices=devices)
-    tx = optax.chain(jd.sync.allreduce(axis_name=workers.axis_name), optax.sgd(0.01))
+    tx = _chain(FLAGS.method, workers.axis_name, split=per_worker == 'device')
     box = [step_lib.make_init(model, tx, workers, shape, per_worker)(jax.random.key(0))]
     xw = jax.device_put(x.reshape(count, batch // count, *shape), workers.sharding)
     yw = jax.device_put(y.reshape(count, batch // count), workers.sharding)
@@ -366,7 +389,7 @@ def main(argv):
 
     kind = 'sharded' if workers.per_device == 1 else 'simulated'
     measured[key] = {
-      'layout': f'{kind}, allreduce',
+      'layout': f'{kind}, {FLAGS.method}',
       'workers': count,
       'devices': workers.devices,
       'sim': workers.per_device,

@@ -29,6 +29,12 @@ def _txs(workers):
       jd.sync.compressed_allreduce(jd.compress.topk(ratio=0.05), axis_name=axis), optax.sgd(0.5)
     ),
     'powersgd': optax.chain(jd.sync.powersgd(2, axis_name=axis), optax.sgd(0.5)),
+    **{
+      f'{name}_split': step_lib.SplitChain(
+        jd.sync.compressed_allreduce(c, axis_name=axis), optax.sgd(0.5, momentum=0.9)
+      )
+      for name, c in (('topk', jd.compress.topk(ratio=0.05)), ('qsgd', jd.compress.qsgd(4)))
+    },
   }
 
 
@@ -169,6 +175,41 @@ def test_device_refuses_what_it_cannot_run_once_per_device():
   y = jax.device_put(np.zeros((8, 2), np.int32), workers.sharding)
   with pytest.raises(ValueError, match=r'once per device: no per-worker arguments \(candidate\)'):
     step(state, x, y, candidate=jax.device_put(np.zeros(8, np.int32), workers.sharding))
+
+
+@pytest.mark.parametrize(
+  'model_name, tx_name, shape, against',
+  [('cnn', 'topk_split', (8, 8, 1), 'vmap'), ('cnn', 'qsgd_split', (8, 8, 1), 'loop'),
+   ('resnet20', 'topk_split', (8, 8, 3), 'loop')],
+)  # fmt: skip
+def test_device_splits_compressed_allreduce_at_the_collective(model_name, tx_name, shape, against):
+  """8 workers on 2 devices, error feedback (Top-k, stochastic QSGD) and SGD momentum: the
+  state holds 2 models and 2 momenta, but 8 residuals; each worker compresses its own
+  gradient, taken at its device's model, so the run is the per-worker one ('loop', whose
+  gradients are computed the same way, or 'vmap': a Top-k selection may flip on a near tie
+  where the gradients differ by float reassociation, as ResNet-20's do)."""
+  model = jd.models.get(model_name, num_classes=10)
+  device, device_losses = _train(model, tx_name, shape, 'device')
+  device_wires = _train.wires
+  other, other_losses = _train(model, tx_name, shape, against)
+  worker_state, device_state = device.opt_state
+  for leaf in jax.tree.leaves((device.params, device.model_state, device_state)):
+    assert leaf.shape[0] == 2
+  for leaf in jax.tree.leaves(worker_state):
+    assert leaf.shape[0] == 8
+  residual = np.asarray(worker_state.residual[0])
+  assert residual.shape == (8, sum(p.size for p in jax.tree.leaves(device.params)) // 2)
+  assert np.all(np.isfinite(residual)) and not np.allclose(residual[0], residual[1])
+  per_worker = lambda t: jax.tree.map(lambda a: np.repeat(np.asarray(a), PER_WORKER, axis=0), t)
+  _assert_same(
+    (per_worker(device.params), device_losses, worker_state, per_worker(device_state)),
+    (other.params, other_losses, *other.opt_state),
+  )
+  device_mean = lambda a: np.asarray(a).reshape(2, PER_WORKER, *a.shape[1:]).mean(1)
+  _assert_same(device.model_state, jax.tree.map(device_mean, other.model_state))
+  # every worker's all-gather ran once a step, counted per worker as in the per-worker run
+  assert [tuple(map(int, w)) for w in device_wires] == [(8,)] * STEPS
+  assert [tuple(map(int, w)) for w in _train.wires] == [(8,)] * STEPS
 
 
 @pytest.mark.parametrize('tx_name', ['topk_ef', 'powersgd'])

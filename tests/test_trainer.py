@@ -6,8 +6,8 @@ import optax
 import pytest
 
 from jaxdist import comm, data, models, netmodel, runtime
+from jaxdist.train import checkpoint, factory, ledger
 from jaxdist.train import config as config_lib
-from jaxdist.train import factory, ledger
 from jaxdist.train import step as step_lib
 
 from conftest import REPO, run_digits
@@ -434,8 +434,13 @@ def test_scadles_rule_by_hand():
     ({'sync.per_worker': 'scan'},
      r"per_worker must be 'auto', 'vmap', 'loop', 'shared', 'mean' or 'device', got 'scan'"),
     ({'sync.per_worker': 'device', 'sync.method': 'bucketed_allreduce'},
-     r"per_worker='device' keeps one model per device .* tested for allreduce, powersgd, not "
-     r"sync.method='bucketed_allreduce'"),
+     r"per_worker='device' keeps one model per device: tested for allreduce, powersgd, "
+     r"compressed_allreduce, not sync.method='bucketed_allreduce'"),
+    ({'sync.per_worker': 'device', 'sync.method': 'compressed_allreduce', 'adaptive': 'gravac'},
+     r"each worker's error-feedback state; .* but adaptive='gravac' hands each worker its "
+     r'candidate ratio; use per_worker=auto'),
+    ({'sync.per_worker': 'device', 'sync.method': 'compressed_allreduce', 'batching': 'static'},
+     r"error-feedback state; .* but batching='static' weights"),
     ({'sync.per_worker': 'device', 'sync.method': 'local_sgd'},
      r"per_worker='device' hands each worker its device's mean gradient.*'local_sgd'"),
     ({'sync.per_worker': 'device', 'fault.drop': '1@2'}, r'but fault.drop weights dropped'),
@@ -544,6 +549,43 @@ def test_shared_weights_train_the_all_reduce_run_of_per_worker_weights(
     with pytest.raises(factory.ConfigError, match=refusal):
       run_digits(tmp_path, 'device', data_dir, monkeypatch, args=args, steps=6,
                  **{'devices': 2, 'sync.per_worker': way})  # fmt: skip
+
+
+def test_device_trains_compressed_allreduce_with_one_model_and_residuals_per_worker(
+  tmp_path, data_dir, monkeypatch
+):
+  """4 workers on 2 devices, Top-k with error feedback: 'device' checkpoints one model per
+  device and a residual per worker, and trains the per-worker run ('loop', whose gradients
+  it computes the same way), every worker's all-gather priced as before."""
+  overrides = {'devices': 2, 'sync.method': 'compressed_allreduce', 'compress.name': 'topk',
+               'compress.topk.ratio': 0.1}  # fmt: skip
+  runs = {
+    way: run_digits(
+      tmp_path,
+      way,
+      data_dir,
+      monkeypatch,
+      args='workers=4',
+      steps=4,
+      **{**overrides, 'sync.per_worker': way},
+    )
+    for way in ('device', 'loop')
+  }
+  (_, device, device_params), (_, loop, loop_params) = runs['device'], runs['loop']
+  assert all(leaf.shape[0] == 2 for leaf in jax.tree.leaves(device_params))
+  state = checkpoint.read(str(tmp_path / 'device' / 'checkpoints'))[0]
+  size = sum(leaf.size for leaf in jax.tree.leaves(device_params)) // 2
+  (residual,) = [a for a in jax.tree.leaves(state['opt_state'][0]) if a.shape == (4, size)]
+  assert np.all(np.isfinite(residual)) and not np.allclose(residual[0], residual[1])
+  for key in ('loss', 'sent_bytes', 'comm_s@1gbps'):
+    a, b = [np.array([r[key] for r in run]) for run in (device, loop)]
+    assert np.all(np.isfinite(a)) and a.min() > 0
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(np.repeat(a, 2, 0), b, rtol=1e-5, atol=2e-6),
+    device_params,
+    loop_params,
+  )
 
 
 def test_auto_is_mean_off_the_cpu_only_where_it_is_exact():

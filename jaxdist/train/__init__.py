@@ -10,6 +10,7 @@
 from jaxdist.train import checkpoint, compare, config, factory, ledger, metrics, report
 from jaxdist.train.factory import ConfigError, Experiment, build, load_config
 from jaxdist.train.step import (
+  SplitChain,
   TrainState,
   make_eval_step,
   make_init,
@@ -21,6 +22,7 @@ from jaxdist.train.trainer import train_and_evaluate
 __all__ = [
   'ConfigError',
   'Experiment',
+  'SplitChain',
   'TrainState',
   'build',
   'checkpoint',

@@ -220,6 +220,10 @@ MEAN_ONLY = ('allreduce', 'bucketed_allreduce', 'powersgd')
 # ... of which those whose chain may also run once per device, on one model per device
 # (make_train_step(per_worker='device'); tests/test_per_worker.py checks both against 'vmap')
 DEVICE_MODEL = ('allreduce', 'powersgd')
+# methods whose chain per_worker='device' splits (a step_lib.SplitChain): each worker's own
+# gradient through the sync transform, with its per-worker state (error feedback), then the
+# optimizer once per device on the average every worker got back
+DEVICE_SPLIT = ('compressed_allreduce',)
 
 
 def _mean_not_exact(config) -> str:
@@ -235,6 +239,15 @@ def _mean_not_exact(config) -> str:
     return f'batching={config.batching!r} weights the workers by their batches'
   if config.fault.drop:
     return 'fault.drop weights dropped workers 0'
+  return ''
+
+
+def _split_not_exact(config) -> str:
+  """Why per_worker='device' cannot split the chain of `config` ('' if it can)."""
+  if config.batching != 'uniform':
+    return f'batching={config.batching!r} weights the workers by their batches'
+  if config.adaptive != 'none':
+    return f'adaptive={config.adaptive!r} hands each worker its candidate ratio'
   return ''
 
 
@@ -262,16 +275,23 @@ def check_per_worker(config) -> None:
   way = config.sync.per_worker
   if way not in step_lib.PER_WORKER:
     raise ValueError(f'config.sync.per_worker must be {step_lib.WAYS}, got {way!r}')
-  if way in step_lib.MEAN_GRADIENT and (why := _mean_not_exact(config)):
+  split = way == 'device' and config.sync.method in DEVICE_SPLIT
+  if split and (why := _split_not_exact(config)):
+    raise ValueError(
+      f"config.sync.per_worker='device' keeps one model per device and each worker's "
+      f'error-feedback state; it runs equal batches with one compiled ratio, but {why}; use '
+      'per_worker=auto'
+    )
+  if way in step_lib.MEAN_GRADIENT and not split and (why := _mean_not_exact(config)):
     raise ValueError(
       f"config.sync.per_worker={way!r} hands each worker its device's mean gradient, exact only "
       f"where the update sees the workers' gradients only through their sum, but {why}; use "
       'per_worker=auto'
     )
-  if way == 'device' and config.sync.method not in DEVICE_MODEL:
+  if way == 'device' and config.sync.method not in DEVICE_MODEL + DEVICE_SPLIT:
     raise ValueError(
-      "config.sync.per_worker='device' keeps one model per device and runs the chain once per "
-      f'device: tested for {", ".join(DEVICE_MODEL)}, not sync.method={config.sync.method!r}; '
+      "config.sync.per_worker='device' keeps one model per device: tested for "
+      f'{", ".join(DEVICE_MODEL + DEVICE_SPLIT)}, not sync.method={config.sync.method!r}; '
       'use per_worker=mean or auto'
     )
   if way == 'shared' and config.sync.method not in SHARED_MODEL:
@@ -323,6 +343,8 @@ def build_chain(config, workers: runtime.Workers) -> tuple[optax.GradientTransfo
       if config.optimizer.weight_decay:
         parts.append(optax.add_decayed_weights(config.optimizer.weight_decay))
       parts.append(call(sync.spike_compensation, 'sync.spike_compensation', sc, delay=delay))
+  if config.sync.per_worker == 'device' and method in DEVICE_SPLIT:
+    return step_lib.SplitChain(optax.chain(*parts), opt), schedule
   tx = optax.chain(*parts, opt)
   if 'linear_weight_prediction' in fixes:
     lwp = config.sync.linear_weight_prediction

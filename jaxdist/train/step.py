@@ -12,6 +12,8 @@ see `make_train_step`'s `per_worker`.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -73,6 +75,33 @@ def init_params(model: nn.Module, rng: jax.Array, input_shape: tuple[int, ...]):
   return _split_variables(model.init(rng, jnp.zeros((1, *input_shape)), train=False))
 
 
+@dataclasses.dataclass(frozen=True)
+class SplitChain:
+  """`optax.chain(workers, device)`, with a seam where `per_worker='device'` cuts it.
+
+  Anywhere else it is that chain (its state: the two parts' states, in a
+  tuple). With `make_train_step(per_worker='device')` the `workers` part
+  (e.g. error feedback, compression and the collective of
+  `compressed_allreduce`) runs for every worker, with per-worker state, and
+  the `device` part (e.g. the momentum optimizer) runs once per device on
+  the one model. Correct where every worker's output of the `workers` part
+  is the same (an average over all workers: what each gets back from the
+  collective), so that the device part sees what each worker's copy would.
+  """
+
+  workers: optax.GradientTransformation
+  device: optax.GradientTransformation
+
+  def _whole(self) -> optax.GradientTransformationExtraArgs:
+    return optax.chain(self.workers, self.device)
+
+  def init(self, params: optax.Params) -> optax.OptState:
+    return self._whole().init(params)
+
+  def update(self, updates, state, params=None, **extra_args):
+    return self._whole().update(updates, state, params, **extra_args)
+
+
 def make_init(
   model: nn.Module,
   tx: optax.GradientTransformation,
@@ -83,15 +112,21 @@ def make_init(
   """A jitted `rng -> TrainState`: every worker starts from the same replica.
 
   With `per_worker='device'` (see `make_train_step`) the state holds one
-  replica per device instead of one per worker.
+  replica per device instead of one per worker; with a `SplitChain`, the
+  state of its `workers` part stays per worker.
   """
-  replicas = workers.devices if per_worker == 'device' else workers.count
+  one_model = per_worker == 'device'
+  replicas = workers.devices if one_model else workers.count
 
   def init(rng):
     params, model_state = init_params(model, rng, input_shape)
-    stack = lambda t: jax.tree.map(lambda x: jnp.broadcast_to(x, (replicas, *x.shape)), t)
-    params, model_state = stack(params), stack(model_state)
-    return TrainState(params, model_state, jax.vmap(tx.init)(params))
+    stack = lambda t, n=replicas: jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), t)
+    if one_model and isinstance(tx, SplitChain):  # per worker up to the seam, per device after
+      opt_state = (jax.vmap(tx.workers.init)(stack(params, workers.count)),
+                   jax.vmap(tx.device.init)(stack(params)))  # fmt: skip
+    else:
+      opt_state = jax.vmap(tx.init)(stack(params))
+    return TrainState(stack(params), stack(model_state), opt_state)
 
   return jax.jit(init, out_shardings=workers.sharding)
 
@@ -164,6 +199,16 @@ def make_train_step(
     per worker, as the other ways do. The trainer uses it where
     `config.sync.per_worker='device'`; it resumes only a checkpoint of the
     same workers, devices and per_worker (no elastic resizing).
+    With a `SplitChain` (compressed all-reduce with error feedback: each
+    worker compresses its own gradient, so no mean will do), each worker's
+    gradient is taken at the device's one model (one after the other on
+    the CPU, as `'loop'`; together with the weights shared elsewhere, as
+    `'shared'`) and the chain's `workers` part runs per worker, with its
+    state (residuals) per worker; every worker gets the same average back
+    from its collective, and the `device` part (the optimizer) runs once on
+    it for the device's one model. The state holds a model and optimizer
+    state per device and only what the method keeps per worker (tested
+    against `'vmap'`: Top-k and QSGD with error feedback, SGD momentum).
   - `'auto'` (default): `'loop'` on the CPU when a device holds more than one
     worker, else `'vmap'`.
 
@@ -200,7 +245,7 @@ def make_train_step(
     (loss, (logits, model_state)), grads = grad_fn(model, params, model_state, x, y, True, *count)
     return grads, model_state, loss, accuracy_of(logits, y, *count)
 
-  def update(grads, opt_state, params, tx_args, *extra):  # extra: (count,) or (count, scale)
+  def update(grads, opt_state, params, tx_args, *extra, tx=tx):  # extra: (count[, scale])
     kwargs = {'weight': extra[0]} if extra else {}
     updates, opt_state = tx.update(grads, opt_state, params, **kwargs, **tx_args)
     if len(extra) > 1:
@@ -224,15 +269,38 @@ def make_train_step(
     grad, *rest = mean_gradient(params, model_state, x, y)
     return jax.tree.map(lambda g: jnp.broadcast_to(g, (y.shape[0], *g.shape)), grad), *rest
 
+  def spread(t, workers_here: int):
+    return jax.tree.map(lambda a: jnp.broadcast_to(a, (workers_here, *a.shape[1:])), t)
+
+  def gathered(model_state):  # the device's workers' statistics, averaged into its one copy
+    return jax.tree.map(lambda a: jnp.mean(a, axis=0, keepdims=True).astype(a.dtype), model_state)
+
   def device_model_gradient(state: TrainState, x, y):
     """`mean_gradient` from the device's one model; its workers' statistics averaged into it."""
-    workers_here = y.shape[0]
-    spread = lambda t: jax.tree.map(lambda a: jnp.broadcast_to(a, (workers_here, *a.shape[1:])), t)
-    grad, model_state, loss, accuracy = mean_gradient(state.params, spread(state.model_state), x, y)
-    model_state = jax.tree.map(
-      lambda a: jnp.mean(a, axis=0, keepdims=True).astype(a.dtype), model_state
-    )
-    return jax.tree.map(lambda g: g[None], grad), model_state, loss, accuracy
+    model_state = spread(state.model_state, y.shape[0])
+    grad, model_state, loss, accuracy = mean_gradient(state.params, model_state, x, y)
+    return jax.tree.map(lambda g: g[None], grad), gathered(model_state), loss, accuracy
+
+  def device_worker_gradients(state: TrainState, x, y):
+    """Each worker's gradient at the device's one model; their statistics averaged into it."""
+    model = jax.tree.map(lambda p: p[0], state.params)
+    args = (spread(state.model_state, y.shape[0]), x, y)
+    if on_cpu:  # one after the other, each convolution dense (as 'loop')
+      grads, model_state, loss, accuracy = jax.lax.map(lambda a: one_worker(model, *a), args)
+    else:  # together, every pass reading the one copy of the weights (as 'shared')
+      grads, model_state, loss, accuracy = jax.vmap(gradients, (None, 0, 0, 0))(model, *args)
+    return grads, gathered(model_state), loss, accuracy
+
+  def split_step(state: TrainState, x, y):
+    """The `SplitChain`'s parts: per worker up to the seam, then once for the device's model."""
+    grads, model_state, loss, accuracy = device_worker_gradients(state, x, y)
+    worker_state, device_state = state.opt_state
+    model = jax.tree.map(lambda p: p[0], state.params)
+    averaged, worker_state = worker_chain(grads, worker_state, model)
+    averaged = jax.tree.map(lambda u: u[:1], averaged)  # every worker's is the same average
+    params, device_state = chain(averaged, device_state, state.params, {})
+    state = TrainState(params, model_state, (worker_state, device_state))
+    return state, {'loss': loss, 'accuracy': accuracy}
 
   if per_worker not in PER_WORKER:
     raise ValueError(f'per_worker must be {WAYS}, got {per_worker!r}')
@@ -248,13 +316,22 @@ def make_train_step(
   if per_worker == 'auto':
     per_worker = 'loop' if on_cpu and workers.per_device > 1 else 'vmap'
   one_model = per_worker == 'device'
+  split = one_model and isinstance(tx, SplitChain)
   one_worker = gradients
-  chain = jax.vmap(update, axis_name=SIM)
-  if on_cpu and (staggered or per_worker == 'loop'):
+  chain = jax.vmap(functools.partial(update, tx=tx.device if split else tx), axis_name=SIM)
+  worker_chain = None
+  if split:  # the workers part's own update: each worker's average, no weights applied
+    worker_chain = jax.vmap(tx.workers.update, in_axes=(0, 0, None), axis_name=SIM)
+  if on_cpu and (staggered or per_worker == 'loop' or split):
     one_worker = _rewritten(gradients, _conv_rule)
-    chain = _rewritten(chain, _sum_rule)
+    if split:
+      worker_chain = _rewritten(worker_chain, _sum_rule)
+    else:
+      chain = _rewritten(chain, _sum_rule)
 
   def device_step(state: TrainState, x, y, tx_args, *extra):  # leading: this device's workers
+    if split:
+      return split_step(state, x, y)
     args = (state.params, state.model_state, x, y, *extra[:1])
     if staggered:
       wave = jax.checkpoint(lambda args: one_worker(*args))
@@ -295,8 +372,11 @@ def make_train_step(
       metrics = {k: jnp.sum(v * w) for k, v in per_worker.items()}
     else:
       metrics = {k: jnp.mean(v) for k, v in per_worker.items()}
-    runs = workers.per_device if one_model else 1  # a device's transfer, once per worker
-    metrics['wire'] = tuple(jnp.sum(t.count) * runs for t in comm.find_transfers(state.opt_state))
+    metrics['wire'] = tuple(
+      jnp.sum(t.count) * runs
+      for part, runs in _parts(state.opt_state, workers.per_device if one_model else 1, split)
+      for t in comm.find_transfers(part)
+    )
     metrics.update(_probes(state.opt_state))
     return state, metrics
 
@@ -501,6 +581,13 @@ def make_noise_step(
     return mapped(state, x, y, *counts)
 
   return jax.jit(noise, out_shardings=workers.replicated)
+
+
+def _parts(opt_state, runs: int, split: bool) -> list[tuple[Any, int]]:
+  """(part of the optimizer state, how often each of its transfers runs per entry), in tree
+  order: a device's transfer runs once per worker (`runs`), a worker's once (a split
+  chain's first part)."""
+  return [(opt_state[0], 1), (opt_state[1], runs)] if split else [(opt_state, runs)]
 
 
 def _probes(opt_state) -> dict[str, jax.Array]:
