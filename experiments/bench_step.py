@@ -23,10 +23,11 @@ one run:
         model, compressed with its own residual; the optimizer once per
         device (`SplitChain`): only the residuals grow with the workers.
 
-`--method` is the chain of the first two tables: `allreduce` (plain SGD after
-a dense all-reduce) or `topk` (Top-k 1% with error feedback, all-gathered,
-then SGD with momentum 0.9: state per worker of weights, momentum and
-residual, except with `device`).
+`--method` is the chain of the workers' rows of the first two tables:
+`allreduce` (plain SGD after a dense all-reduce) or `topk` (Top-k 1% with
+error feedback, all-gathered, then SGD with momentum 0.9: state per worker of
+weights, momentum and residual, except with `device`). The single-device row
+stays plain SGD on the dense gradient either way.
 
 Each figure is the median of `--repeats` timed windows of `--steps` steps after
 a warm-up, the windows of all rows taken in turns so that a change in the

@@ -29,12 +29,16 @@ def _txs(workers):
       jd.sync.compressed_allreduce(jd.compress.topk(ratio=0.05), axis_name=axis), optax.sgd(0.5)
     ),
     'powersgd': optax.chain(jd.sync.powersgd(2, axis_name=axis), optax.sgd(0.5)),
-    **{
-      f'{name}_split': step_lib.SplitChain(
-        jd.sync.compressed_allreduce(c, axis_name=axis), optax.sgd(0.5, momentum=0.9)
-      )
-      for name, c in (('topk', jd.compress.topk(ratio=0.05)), ('qsgd', jd.compress.qsgd(4)))
-    },
+    'topk_split': step_lib.SplitChain(
+      jd.sync.compressed_allreduce(jd.compress.topk(ratio=0.05), axis_name=axis),
+      optax.sgd(0.5, momentum=0.9),
+    ),
+    'dgc_split': step_lib.SplitChain(
+      jd.sync.compressed_allreduce(
+        jd.compress.dgc(ratio=0.05), axis_name=axis, momentum_correction=0.9, warmup_steps=2
+      ),
+      optax.sgd(0.5, momentum=0.9),
+    ),
   }
 
 
@@ -179,11 +183,12 @@ def test_device_refuses_what_it_cannot_run_once_per_device():
 
 @pytest.mark.parametrize(
   'model_name, tx_name, shape, against',
-  [('cnn', 'topk_split', (8, 8, 1), 'vmap'), ('cnn', 'qsgd_split', (8, 8, 1), 'loop'),
+  [('cnn', 'topk_split', (8, 8, 1), 'vmap'), ('cnn', 'dgc_split', (8, 8, 1), 'loop'),
    ('resnet20', 'topk_split', (8, 8, 3), 'loop')],
 )  # fmt: skip
 def test_device_splits_compressed_allreduce_at_the_collective(model_name, tx_name, shape, against):
-  """8 workers on 2 devices, error feedback (Top-k, stochastic QSGD) and SGD momentum: the
+  """8 workers on 2 devices, error feedback (Top-k; DGC: sampled, with momentum correction
+  and warm-up stages) and SGD momentum: the
   state holds 2 models and 2 momenta, but 8 residuals; each worker compresses its own
   gradient, taken at its device's model, so the run is the per-worker one ('loop', whose
   gradients are computed the same way, or 'vmap': a Top-k selection may flip on a near tie
@@ -210,6 +215,21 @@ def test_device_splits_compressed_allreduce_at_the_collective(model_name, tx_nam
   # every worker's all-gather ran once a step, counted per worker as in the per-worker run
   assert [tuple(map(int, w)) for w in device_wires] == [(8,)] * STEPS
   assert [tuple(map(int, w)) for w in _train.wires] == [(8,)] * STEPS
+
+
+def test_a_split_chain_refuses_counted_batches_and_a_communicating_device_part():
+  model = jd.models.get('cnn', num_classes=10)
+  workers = runtime.layout(8, devices=2)
+  split = _txs(workers)['topk_split']
+  with pytest.raises(ValueError, match='SplitChain takes uniform batches: not with counted'):
+    step_lib.make_train_step(model, split, workers, counted=True, per_worker='device')
+  talks = step_lib.SplitChain(split.workers, _txs(workers)['allreduce'])
+  state = step_lib.make_init(model, talks, workers, (8, 8, 1), 'device')(jax.random.key(0))
+  step = step_lib.make_train_step(model, talks, workers, per_worker='device')
+  x = jax.device_put(np.zeros((8, 2, 8, 8, 1), np.float32), workers.sharding)
+  y = jax.device_put(np.zeros((8, 2), np.int32), workers.sharding)
+  with pytest.raises(ValueError, match='device part runs once per device: it must not'):
+    step(state, x, y)
 
 
 @pytest.mark.parametrize('tx_name', ['topk_ef', 'powersgd'])

@@ -150,7 +150,9 @@ def sync() -> ml_collections.ConfigDict:
   # where the update sees the gradients only through their sum, factory.MEAN_ONLY) or
   # 'device' ('mean', and one model per device in the train state, the chain run once per
   # device: memory that does not grow with the simulated workers; factory.DEVICE_MODEL;
-  # a run with it resumes only a checkpoint of the same workers, devices and per_worker).
+  # for compressed_allreduce, factory.DEVICE_SPLIT: each worker's own gradient at its
+  # device's model, its residual kept per worker, the optimizer once per device; a run
+  # with it resumes only a checkpoint of the same workers, devices and per_worker).
   s.per_worker = 'auto'
   return s
 

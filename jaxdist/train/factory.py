@@ -307,7 +307,9 @@ def check_per_worker(config) -> None:
     )
 
 
-def build_chain(config, workers: runtime.Workers) -> tuple[optax.GradientTransformation, Any]:
+def build_chain(
+  config, workers: runtime.Workers
+) -> tuple[optax.GradientTransformation | step_lib.SplitChain, Any]:
   """The optax chain of `config.sync.method` around the local optimizer, and its schedule."""
   method = config.sync.method
   if method not in config_lib.METHODS or method not in config.sync:
@@ -516,7 +518,7 @@ class Experiment:
   workdir: str
   dataset: data.Dataset
   model: Any
-  tx: optax.GradientTransformation
+  tx: optax.GradientTransformation | step_lib.SplitChain
   schedule: Any
   workers: runtime.Workers
   networks: dict[str, netmodel.Network | netmodel.Schedule]

@@ -1,7 +1,8 @@
 """Jitted, sharded training and evaluation steps over a `Workers` layout.
 
 Every leaf of `TrainState` has a leading worker axis (one model per device with
-`per_worker='device'`: a leading device axis). The train step runs each
+`per_worker='device'`: a leading device axis, except the per-worker part of a
+`SplitChain`'s state). The train step runs each
 worker's forward/backward pass on its own slice of the global batch, then the
 optax chain (which may communicate over `workers.axis_name`), all inside one
 `shard_map` (devices) × `vmap` (simulated workers) program. The simulated
@@ -40,7 +41,9 @@ class TrainState(NamedTuple):
     model_state: non-trained variables, e.g. batch-norm statistics ({} if
       none). Per-worker (per device with `per_worker='device'`).
     opt_state: the optax chain's state, communication records included.
-      Per-worker (per device with `per_worker='device'`).
+      Per-worker (per device with `per_worker='device'`; a `SplitChain`'s
+      is then (per-worker state of its `workers` part, per-device state of
+      its `device` part)).
   """
 
   params: optax.Params
@@ -87,6 +90,8 @@ class SplitChain:
   the one model. Correct where every worker's output of the `workers` part
   is the same (an average over all workers: what each gets back from the
   collective), so that the device part sees what each worker's copy would.
+  The `device` part must not communicate: `make_train_step` refuses one
+  whose state holds a transfer.
   """
 
   workers: optax.GradientTransformation
@@ -208,7 +213,10 @@ def make_train_step(
     from its collective, and the `device` part (the optimizer) runs once on
     it for the device's one model. The state holds a model and optimizer
     state per device and only what the method keeps per worker (tested
-    against `'vmap'`: Top-k and QSGD with error feedback, SGD momentum).
+    against `'vmap'` and `'loop'` on the CPU: Top-k, and DGC with momentum
+    correction and warm-up, with error feedback and SGD momentum; the
+    gradients' path off the CPU, `vmap` over workers with the weights
+    shared, has not been run on an accelerator).
   - `'auto'` (default): `'loop'` on the CPU when a device holds more than one
     worker, else `'vmap'`.
 
@@ -307,6 +315,8 @@ def make_train_step(
   if counted and per_worker in MEAN_GRADIENT:
     raise ValueError(
       f'per_worker={per_worker!r} hands every worker one mean gradient: not with counted'
+      if not isinstance(tx, SplitChain)
+      else "per_worker='device' with a SplitChain takes uniform batches: not with counted"
     )
   if staggered and per_worker in TOGETHER:
     raise ValueError(
@@ -365,6 +375,8 @@ def make_train_step(
         f"per_worker='device' runs the chain once per device: no per-worker arguments "
         f'({", ".join(tx_args)})'
       )
+    if split and comm.find_transfers(state.opt_state[1]):
+      raise ValueError("a SplitChain's device part runs once per device: it must not communicate")
     state, per_worker = mapped(state, x, y, tx_args, *extra)
     counts = extra[:1]
     if counts:  # a mean over examples: workers weighted by their batches
