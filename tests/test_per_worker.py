@@ -35,7 +35,11 @@ def _txs(workers):
     ),
     'dgc_split': step_lib.SplitChain(
       jd.sync.compressed_allreduce(
-        jd.compress.dgc(ratio=0.05), axis_name=axis, momentum_correction=0.9, warmup_steps=2
+        jd.compress.dgc(ratio=0.05),
+        axis_name=axis,
+        momentum_correction=0.9,
+        warmup_steps=2,
+        warmup_stages=2,
       ),
       optax.sgd(0.5, momentum=0.9),
     ),
