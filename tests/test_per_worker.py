@@ -74,6 +74,12 @@ def _train(model, tx_name, shape, per_worker, counted=False):
   return state, np.asarray(losses)
 
 
+def _zeros_batch(workers):
+  """(x, y) of zeros: 2 examples for each of the 8 workers, on their devices."""
+  x = jax.device_put(np.zeros((8, 2, 8, 8, 1), np.float32), workers.sharding)
+  return x, jax.device_put(np.zeros((8, 2), np.int32), workers.sharding)
+
+
 def _assert_same(a, b):
   for leaf in jax.tree.leaves((a, b)):
     assert np.all(np.isfinite(np.asarray(leaf, np.float32)))
@@ -188,8 +194,7 @@ def test_device_refuses_what_it_cannot_run_once_per_device():
     step_lib.make_train_step(model, tx, workers, staggered=True, per_worker='device')
   state = step_lib.make_init(model, tx, workers, (8, 8, 1), 'device')(jax.random.key(0))
   step = step_lib.make_train_step(model, tx, workers, per_worker='device')
-  x = jax.device_put(np.zeros((8, 2, 8, 8, 1), np.float32), workers.sharding)
-  y = jax.device_put(np.zeros((8, 2), np.int32), workers.sharding)
+  x, y = _zeros_batch(workers)
   with pytest.raises(ValueError, match=r'once per device: no per-worker arguments \(candidate\)'):
     step(state, x, y, candidate=jax.device_put(np.zeros(8, np.int32), workers.sharding))
 
@@ -241,8 +246,7 @@ def test_a_split_chain_refuses_counted_batches_and_a_communicating_device_part()
   talks = step_lib.SplitChain(split.workers, _txs(workers)['allreduce'])
   state = step_lib.make_init(model, talks, workers, (8, 8, 1), 'device')(jax.random.key(0))
   step = step_lib.make_train_step(model, talks, workers, per_worker='device')
-  x = jax.device_put(np.zeros((8, 2, 8, 8, 1), np.float32), workers.sharding)
-  y = jax.device_put(np.zeros((8, 2), np.int32), workers.sharding)
+  x, y = _zeros_batch(workers)
   with pytest.raises(ValueError, match='device part runs once per device: it must not'):
     step(state, x, y)
 

@@ -507,13 +507,10 @@ def _gravac(config):
   return config
 
 
-def test_shared_weights_train_the_all_reduce_run_of_per_worker_weights(
-  tmp_path, data_dir, monkeypatch
-):
-  """4 workers on 2 devices: 'shared', 'mean', 'device' and 'vmap' give one run (float
-  reassociation); 'device' checkpoints one model per device, with Scavenger's noise measured
-  at it, and resumes only on the workers that wrote it."""
-  runs = {
+def _runs_by_way(tmp_path, data_dir, monkeypatch, ways, **overrides):
+  """{way: run_digits of 4 workers on 2 devices, 4 steps, with sync.per_worker=way}."""
+  overrides = {'devices': 2, **overrides}
+  return {
     way: run_digits(
       tmp_path,
       way,
@@ -521,10 +518,20 @@ def test_shared_weights_train_the_all_reduce_run_of_per_worker_weights(
       monkeypatch,
       args='workers=4',
       steps=4,
-      **{'devices': 2, 'sync.per_worker': way, 'noise_every': 2},
+      **{**overrides, 'sync.per_worker': way},
     )
-    for way in ('shared', 'mean', 'device', 'vmap')
+    for way in ways
   }
+
+
+def test_shared_weights_train_the_all_reduce_run_of_per_worker_weights(
+  tmp_path, data_dir, monkeypatch
+):
+  """4 workers on 2 devices: 'shared', 'mean', 'device' and 'vmap' give one run (float
+  reassociation); 'device' checkpoints one model per device, with Scavenger's noise measured
+  at it, and resumes only on the workers that wrote it."""
+  ways = ('shared', 'mean', 'device', 'vmap')
+  runs = _runs_by_way(tmp_path, data_dir, monkeypatch, ways, noise_every=2)
   assert all(leaf.shape[0] == 2 for leaf in jax.tree.leaves(runs['device'][2]))
   runs['device'] = (
     *runs['device'][:2],
@@ -557,20 +564,9 @@ def test_device_trains_compressed_allreduce_with_one_model_and_residuals_per_wor
   """4 workers on 2 devices, Top-k with error feedback: 'device' checkpoints one model per
   device and a residual per worker, and trains the per-worker run ('loop', whose gradients
   it computes the same way), every worker's all-gather priced as before."""
-  overrides = {'devices': 2, 'sync.method': 'compressed_allreduce', 'compress.name': 'topk',
+  overrides = {'sync.method': 'compressed_allreduce', 'compress.name': 'topk',
                'compress.topk.ratio': 0.1}  # fmt: skip
-  runs = {
-    way: run_digits(
-      tmp_path,
-      way,
-      data_dir,
-      monkeypatch,
-      args='workers=4',
-      steps=4,
-      **{**overrides, 'sync.per_worker': way},
-    )
-    for way in ('device', 'loop')
-  }
+  runs = _runs_by_way(tmp_path, data_dir, monkeypatch, ('device', 'loop'), **overrides)
   (_, device, device_params), (_, loop, loop_params) = runs['device'], runs['loop']
   assert all(leaf.shape[0] == 2 for leaf in jax.tree.leaves(device_params))
   state = checkpoint.read(str(tmp_path / 'device' / 'checkpoints'))[0]

@@ -289,10 +289,9 @@ def make_train_step(
     grad, model_state, loss, accuracy = mean_gradient(state.params, model_state, x, y)
     return jax.tree.map(lambda g: g[None], grad), gathered(model_state), loss, accuracy
 
-  def device_worker_gradients(state: TrainState, x, y):
+  def device_worker_gradients(model, model_state, x, y):
     """Each worker's gradient at the device's one model; their statistics averaged into it."""
-    model = jax.tree.map(lambda p: p[0], state.params)
-    args = (spread(state.model_state, y.shape[0]), x, y)
+    args = (spread(model_state, y.shape[0]), x, y)
     if on_cpu:  # one after the other, each convolution dense (as 'loop')
       grads, model_state, loss, accuracy = jax.lax.map(lambda a: one_worker(model, *a), args)
     else:  # together, every pass reading the one copy of the weights (as 'shared')
@@ -301,9 +300,9 @@ def make_train_step(
 
   def split_step(state: TrainState, x, y):
     """The `SplitChain`'s parts: per worker up to the seam, then once for the device's model."""
-    grads, model_state, loss, accuracy = device_worker_gradients(state, x, y)
-    worker_state, device_state = state.opt_state
     model = jax.tree.map(lambda p: p[0], state.params)
+    grads, model_state, loss, accuracy = device_worker_gradients(model, state.model_state, x, y)
+    worker_state, device_state = state.opt_state
     averaged, worker_state = worker_chain(grads, worker_state, model)
     averaged = jax.tree.map(lambda u: u[:1], averaged)  # every worker's is the same average
     params, device_state = chain(averaged, device_state, state.params, {})
