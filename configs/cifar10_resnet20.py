@@ -37,6 +37,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.steps = 6
     config.eval_every = 3
     config.checkpoint_every = 3
+    config.network.compute_budget_s = 0.25  # timing the compute term: 3 steps or so
     config.optimizer.warmup_steps = 1
     config.optimizer.learning_rate = 0.05
   return config

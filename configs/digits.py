@@ -30,5 +30,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.steps = 20
     config.eval_every = 10
     config.checkpoint_every = 10
+    config.network.compute_budget_s = 0.25  # timing the compute term: 3 steps or so
     config.optimizer.warmup_steps = 2
   return config

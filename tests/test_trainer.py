@@ -630,10 +630,37 @@ def test_a_given_compute_term_is_charged_and_nothing_is_measured(tmp_path, data_
   ), rel=1e-12)  # fmt: skip
 
 
-@pytest.mark.parametrize('bad', [-0.1, float('inf'), float('nan')])
-def test_a_compute_term_that_is_not_seconds_is_refused(tmp_path, bad):
+def test_the_compute_term_is_timed_for_the_configured_budget(tmp_path, data_dir, monkeypatch):
+  """network.compute_budget_s: the run's one measurement, a quarter of it per candidate."""
+  from jaxdist.train import trainer
+
+  calls = []
+
+  def measure(exp, candidates, repeats=20, budget_s=2.0):
+    calls.append((list(candidates), repeats, budget_s))
+    return [0.125] * len(candidates)
+
+  monkeypatch.setattr(trainer, 'measure_worker_steps', measure)
+  assert config_lib.base().network.compute_budget_s == 2.0
+  summary, _, _ = run_digits(tmp_path, 'runlocal', data_dir, monkeypatch, steps=1)
+  assert calls == [([None], 20, 0.25)] and summary['worker_step_s'] == 0.125  # runlocal's
+  calls.clear()
+  gravac = {'adaptive': 'gravac', 'sync.method': 'compressed_allreduce', 'steps': 1}
+  gravac['network.compute_budget_s'] = 1.0
+  run_digits(tmp_path, 'gravac', data_dir, monkeypatch, **gravac)
+  (candidates, _, budget_s), (one, _, budget_one) = sorted(calls, key=lambda c: c[0] == [None])
+  assert (one, budget_one, budget_s) == ([None], 1.0, 0.25)  # a quarter per candidate
+  assert candidates == list(range(len(candidates))) and len(candidates) > 2, calls
+
+
+@pytest.mark.parametrize(
+  'key, bad',
+  [('compute_s', -0.1), ('compute_s', float('inf')), ('compute_s', float('nan')),
+   ('compute_budget_s', 0.0), ('compute_budget_s', float('nan'))],
+)  # fmt: skip
+def test_a_compute_term_that_is_not_seconds_is_refused(tmp_path, key, bad):
   config = config_lib.base()
-  config.network.compute_s = bad
-  with pytest.raises(ValueError, match=r'network.compute_s must be a finite number of seconds'):
+  config.network[key] = bad
+  with pytest.raises(ValueError, match=rf'network.{key} must be a finite number of seconds'):
     factory.build(config, str(tmp_path / 'w'))
   assert not (tmp_path / 'w').exists()

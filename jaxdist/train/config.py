@@ -226,6 +226,9 @@ def network() -> ml_collections.ConfigDict:
   # modelled). 0: measured here, one worker's step on one local device, once per run (with a
   # ratio controller, once per candidate); given, every candidate is charged the same.
   n.compute_s = 0.0
+  # Seconds of timed steps for that measurement (the median of at most 20 steps, at least 3);
+  # with a ratio controller a quarter of it per candidate. `runlocal` configs spend less.
+  n.compute_budget_s = 2.0
   return n
 
 

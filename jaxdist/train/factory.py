@@ -625,6 +625,11 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
         f"network.compute_s must be a finite number of seconds >= 0 (0: measure one worker's "
         f'step here), got {config.network.compute_s}'
       )
+    if not 0 < float(config.network.compute_budget_s) < math.inf:
+      raise ValueError(
+        'network.compute_budget_s must be a finite number of seconds > 0 (the time spent '
+        f'timing the compute term; e.g. 2.0), got {config.network.compute_budget_s}'
+      )
     networks = {name: netmodel.resolve(name) for name in config_lib.names(config.network.profiles)}
     _check_hierarchy(config, workers)
     straggles = inject.parse_straggles(config.fault.straggle, config.workers)

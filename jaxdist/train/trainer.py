@@ -163,7 +163,8 @@ def candidate_step_s(exp: factory.Experiment, meta: dict[str, Any]) -> list[floa
     return [float(v) for v in meta['compute_s_candidates']]
   if exp.config.network.compute_s:
     return [float(exp.config.network.compute_s)] * (ctl.dense + 1)
-  out = measure_worker_steps(exp, range(ctl.dense + 1), budget_s=0.5)
+  budget_s = exp.config.network.compute_budget_s / 4
+  out = measure_worker_steps(exp, range(ctl.dense + 1), budget_s=budget_s)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
 
@@ -184,7 +185,7 @@ def worker_step_s(exp: factory.Experiment, meta: dict[str, Any]) -> float:
     return float(meta['compute_s'])
   if exp.config.network.compute_s:  # given: no measurement
     return float(exp.config.network.compute_s)
-  compute_s = measure_worker_step(exp)
+  compute_s = measure_worker_step(exp, budget_s=exp.config.network.compute_budget_s)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
 
