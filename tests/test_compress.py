@@ -205,6 +205,31 @@ def test_prefix_sum_is_numpys_cumsum(n):
   np.testing.assert_array_equal(np.asarray(got), np.cumsum(x, axis=-1))
 
 
+def test_compaction_takes_the_held_positions_cyclically_from_the_offset():
+  """By hand, then against numpy on both ways to find a rank's word (n <= 16k, and above)."""
+  mask = jnp.asarray([0, 1, 1, 0, 1], bool)
+  idx, total = jax.jit(sparsify._compact_counted, static_argnums=1)(mask, 4, 2)
+  assert idx.tolist() == [2, 4, 1, 5] and int(total) == 3  # from position 2, wrapping; 5: empty
+  idx, total = jax.jit(sparsify._compact_counted, static_argnums=1)(mask, 2, 3)
+  assert idx.tolist() == [4, 1] and int(total) == 3
+  idx, total = jax.jit(sparsify._compact_counted, static_argnums=1)(jnp.zeros(70, bool), 3)
+  assert idx.tolist() == [70, 70, 70] and int(total) == 0
+
+  def reference(row, k, offset):
+    held = np.flatnonzero(row)
+    first = np.searchsorted(held, offset)  # held before the offset
+    return [held[(first + j) % len(held)] if j < len(held) else row.size for j in range(k)]
+
+  rng = np.random.default_rng(3)
+  compact = jax.jit(jax.vmap(sparsify._compact_counted, in_axes=(0, None, 0)), static_argnums=1)
+  for n, k, p in [(2000, 1000, 0.4), (2000, 125, 0.3), (5000, 40, 0.005), (33, 40, 0.9)]:
+    rows = rng.random((4, n)) < p
+    offsets = np.array([0, 31, 32, n - 1]) % n  # word boundaries; traced, per row
+    idx, total = compact(jnp.asarray(rows), k, jnp.asarray(offsets))
+    for row, offset, got, count in zip(rows, offsets, idx, total, strict=True):
+      assert got.tolist() == reference(row, k, offset) and int(count) == row.sum(), (n, k)
+
+
 def test_threshold_searches_run_per_device_in_shard_map():
   """Their loops' carries follow the input across devices (check_vma=True)."""
   mesh = jax.make_mesh((8,), ('w',), axis_types=(jax.sharding.AxisType.Explicit,))

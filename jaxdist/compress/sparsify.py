@@ -65,22 +65,45 @@ def _compact_counted(
   """Up to k positions where `mask` holds, scanning from `offset` (cyclically).
 
   Returns (indices[k], how many positions hold); unfilled slots hold index n.
-  From a prefix sum of the mask, slot j's position is the first where the
-  count reaches its rank, (at_offset + j) mod total, plus one: k binary
-  searches of log2(n) steps. On the CPU of issue 14 this is 2.3-3.2x faster
-  than scattering every position to its slot (10M: 84 against 192 ms), and
-  `jnp.nonzero` costs several times more still (its `cumsum` lowers to
-  towers of reduce-windows).
+  The mask is packed into 32-bit words and the words' population counts are
+  prefix-summed; slot j takes the position of rank (held before offset + j)
+  mod total. Its word is the first whose count reaches the rank, found by k
+  binary searches over the n/32 word counts, or, where n <= 16k (DGC's 2k
+  bins), by one pass over the ranks (a histogram of the words' counts,
+  prefix-summed); then the rank's bit within the word by 5 halving steps of
+  population counts. On the CPU of issue 14, against binary searches over
+  every position's prefix sum (the previous implementation): 10M positions,
+  k = 100K: 12 against 61 ms; 1M, 100K: 3.3 against 5.8 ms; DGC's 200K bins,
+  100K slots: 0.9 against 2.6 ms; 151K, 1.5K: 0.29 against 0.81 ms.
+  Scattering every position to its slot, and `jnp.nonzero`, cost more.
   """
   n = mask.size
-  held_N = mask.astype(jnp.int32)
-  upto_N = _prefix_sum(held_N)  # held positions up to and including each
-  total = upto_N[-1]
-  at_offset = upto_N[offset] - held_N[offset]  # held before offset
+  words = -(-n // 32)
+  bits_WxB = jnp.pad(mask, (0, words * 32 - n)).reshape(words, 32).astype(jnp.uint32)
+  word_W = jnp.sum(bits_WxB << lax.iota(jnp.uint32, 32), axis=1, dtype=jnp.uint32)
+  count_W = lax.population_count(word_W).astype(jnp.int32)
+  upto_W = _prefix_sum(count_W)  # held positions up to and including each word
+  before_W = upto_W - count_W
+  total = upto_W[-1]
+  at, bit = offset // 32, jnp.asarray(offset % 32, jnp.uint32)
+  below_offset = word_W[at] & ((jnp.uint32(1) << bit) - 1)
+  at_offset = before_W[at] + lax.population_count(below_offset).astype(jnp.int32)
   slot_K = lax.iota(jnp.int32, k)
   rank_K = (at_offset + slot_K) % jnp.maximum(total, 1)
-  idx = jnp.searchsorted(upto_N, rank_K + 1, side='left', method='scan').astype(jnp.int32)
-  return jnp.where(slot_K < total, idx, n), total
+  if n <= 16 * k:  # words whose count is at most each rank: a histogram over the ranks
+    reached_R = jnp.zeros((n + 1,), jnp.int32).at[upto_W].add(1, mode='promise_in_bounds')
+    word_K = _prefix_sum(reached_R)[rank_K]
+  else:
+    word_K = jnp.searchsorted(upto_W, rank_K + 1, side='left', method='scan')
+  word_K = jnp.minimum(word_K.astype(jnp.int32), words - 1)  # (words: no position holds)
+  left_K, bits_K = rank_K - before_W[word_K], word_W[word_K]
+  pos_K = jnp.zeros_like(left_K)
+  for half in (16, 8, 4, 2, 1):  # the (left_K + 1)-th set bit, from the lowest
+    low = lax.population_count((bits_K >> pos_K.astype(jnp.uint32)) & ((1 << half) - 1))
+    past = left_K >= low.astype(jnp.int32)
+    left_K = jnp.where(past, left_K - low.astype(jnp.int32), left_K)
+    pos_K = jnp.where(past, pos_K + half, pos_K)
+  return jnp.where(slot_K < total, word_K * 32 + pos_K, n), total
 
 
 def _count_at_least(bits: jax.Array, t: jax.Array) -> jax.Array:
