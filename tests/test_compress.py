@@ -206,7 +206,7 @@ def test_prefix_sum_is_numpys_cumsum(n):
 
 
 def test_compaction_takes_the_held_positions_cyclically_from_the_offset():
-  """By hand, then against numpy on both ways to find a rank's word (n <= 16k, and above)."""
+  """By hand, then against numpy: short masks, and long ones packed into words."""
   mask = jnp.asarray([0, 1, 1, 0, 1], bool)
   idx, total = jax.jit(sparsify._compact_counted, static_argnums=1)(mask, 4, 2)
   assert idx.tolist() == [2, 4, 1, 5] and int(total) == 3  # from position 2, wrapping; 5: empty
@@ -222,7 +222,9 @@ def test_compaction_takes_the_held_positions_cyclically_from_the_offset():
 
   rng = np.random.default_rng(3)
   compact = jax.jit(jax.vmap(sparsify._compact_counted, in_axes=(0, None, 0)), static_argnums=1)
-  for n, k, p in [(2000, 1000, 0.4), (2000, 125, 0.3), (5000, 40, 0.005), (33, 40, 0.9)]:
+  words = sparsify.COMPACT_BY_WORDS_FROM + 33  # packed into 32-bit words above this
+  cases = [(2000, 1000, 0.4), (33, 40, 0.9), (words, words // 2, 0.4), (words, 100, 0.005)]
+  for n, k, p in cases:  # by positions; by words, finding a rank's word both ways
     rows = rng.random((4, n)) < p
     offsets = np.array([0, 31, 32, n - 1]) % n  # word boundaries; traced, per row
     idx, total = compact(jnp.asarray(rows), k, jnp.asarray(offsets))
