@@ -424,14 +424,15 @@ class DGC(_Sparsifier):
   start) whose largest passes the threshold are sent. Elements that lose to
   a larger one in their bin stay in the error-feedback residual.
 
-  Cost (encode + decode, 10M floats, 1%): about 3.3 memory passes on the
-  2-core CPU of issue 14, down from 6: a read of x for the bins' max |x|
-  (max and min, in place), a gather of the k chosen bins' rows to find
-  where their largest sits (XLA's CPU gather: ~1 ns an element), the
-  decode's dense write, and ~0.6 passes of small kernels (the sample's
-  k-th largest by bisection of its bit patterns instead of top_k's sort, the
-  compaction by a prefix sum and one scatter). The payload is the same as the
-  direct formulation's (top_k, abs, `jnp.nonzero`).
+  Cost (encode + decode, 10M floats, 1%): 2.9-3.9 memory passes on the
+  2-core CPU of issue 14 (its runs vary that much), down from 6: a read of x
+  for the bins' max |x| (max and min, in place; ~0.65), a gather of the k
+  chosen bins' rows to find where their largest sits (XLA's CPU gather;
+  ~0.75-1), the decode's dense write (~0.8), and small kernels (the sample's
+  k-th largest by bisection of its bit patterns instead of top_k's sort,
+  0.17; the compaction of 2k bins into k slots by population counts of
+  packed words, ~0.25). The payload is the same as the direct formulation's
+  (top_k, abs, `jnp.nonzero`).
 
   Reference: Lin, Han, Mao, Wang, Dally. Deep Gradient Compression. ICLR 2018.
   https://arxiv.org/abs/1712.01887
