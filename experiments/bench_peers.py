@@ -93,6 +93,12 @@ flags.DEFINE_string(
   'torch_python', None, 'A Python with torch: also run DDP (the peers) on the same work.'
 )
 flags.DEFINE_string('peers_dir', PEERS_DIR, f"The folder holding the peers' {PEER_SCRIPT}.")
+flags.DEFINE_float(
+  'compute_budget_s',
+  2.0,
+  "Seconds each jaxdist run spends timing one worker's step for the modelled clock "
+  '(config.network.compute_budget_s; the table reports wall-clock steps, not that).',
+)
 flags.DEFINE_float('torch_timeout_s', 600, 'Kill a DDP run after this long (side_by_side.sh).')
 flags.DEFINE_integer(
   'repeats',
@@ -337,7 +343,10 @@ def main(argv):
   from jaxdist.train import compare, factory, report, trainer
 
   base = factory.load_config(
-    os.path.join(REPO, 'configs', 'digits.py'), steps=FLAGS.steps, **SETTINGS
+    os.path.join(REPO, 'configs', 'digits.py'),
+    steps=FLAGS.steps,
+    **SETTINGS,
+    **{'network.compute_budget_s': FLAGS.compute_budget_s},
   )
   configs = {name: cli.run(compare.variant_config, base, name) for name in METHODS}
   load_before = _load()

@@ -185,6 +185,7 @@ def test_one_invocation_runs_ddp_and_jaxdist_side_by_side(tmp_path, data_dir, pe
       f'--workdir={tmp_path / "w"}',
       '--steps=3',
       '--repeats=2',
+      '--compute_budget_s=0.05',
       f'--out={out}',
       f'--results={results}',
       f'--torch_python={sys.executable}',
