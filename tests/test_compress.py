@@ -563,3 +563,22 @@ def test_registry_is_every_public_compressor_by_its_name():
   assert {'identity', 'topk', 'dgc', 'qsgd', 'twobit', 'cast'} <= set(C.REGISTRY)
   assert 'powersgd' not in C.REGISTRY  # a transform of its own: jd.sync.powersgd
   assert 'compressor' not in C.REGISTRY  # no base or private classes
+
+
+def test_wire_bytes_traces_the_encode_once_per_compressor_and_length():
+  """Host-side controllers ask every step; the payload's shapes do not change."""
+  import dataclasses
+
+  traced = []
+
+  @dataclasses.dataclass(frozen=True)
+  class Counted(C.TopK):
+    def encode(self, x, state, key):
+      traced.append(x.size)
+      return super().encode(x, state, key)
+
+  c = Counted(ratio=0.1)
+  assert [c.wire_bytes(1000), c.wire_bytes(1000), Counted(ratio=0.1).wire_bytes(1000)] == [800] * 3
+  assert c.wire_bytes(2000) == 1600 and Counted(ratio=0.2).wire_bytes(1000) == 1600
+  assert traced == [1000, 2000, 1000]  # once per (compressor, length)
+  assert C.TopK(ratio=0.1).wire_bytes(1000) == 800  # another class: its own entry

@@ -15,6 +15,7 @@ payloads are (values, indices) pairs, which AR-compatible Top-k can use.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, ClassVar
 
 import jax
@@ -55,11 +56,18 @@ class Compressor:
     raise NotImplementedError
 
   def wire_bytes(self, n: int) -> int:
-    """Exact bytes of the payload for a vector of length n."""
-    shapes = jax.eval_shape(
-      lambda: self.encode(jnp.zeros((n,), jnp.float32), self.init(n), jax.random.key(0))[0]
-    )
-    return sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(shapes))
+    """Exact bytes of the payload for a vector of length n.
+
+    Read off the payload's shapes (`jax.eval_shape` of `encode`), once per
+    compressor and length: host-side controllers ask every step (ADOPT's
+    cost model, for each candidate), and tracing Top-k's selection each
+    time cost ~30 ms a call on the CPU.
+    """
+    try:
+      hash(self)
+    except TypeError:  # a field that cannot be hashed: not memoised
+      return _payload_bytes.__wrapped__(self, n, jax.config.jax_enable_x64)
+    return _payload_bytes(self, n, jax.config.jax_enable_x64)
 
   def roundtrip(self, x: jax.Array, key: jax.Array | None = None) -> jax.Array:
     """decode(encode(x)) on one worker, from a fresh state (for tests and studies)."""
@@ -67,6 +75,16 @@ class Compressor:
     state = self.init(x.size)
     payload, state = self.encode(x, state, key)
     return self.decode(payload, state, x.size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _payload_bytes(c: Compressor, n: int, x64: bool) -> int:
+  """`Compressor.wire_bytes` (x64: JAX's 64-bit mode, which can change dtypes)."""
+  del x64  # part of the memo's key only
+  shapes = jax.eval_shape(
+    lambda: c.encode(jnp.zeros((n,), jnp.float32), c.init(n), jax.random.key(0))[0]
+  )
+  return sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(shapes))
 
 
 def check_ratio(ratio: float) -> None:
