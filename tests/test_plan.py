@@ -25,6 +25,7 @@ TINY = (
   '--eval_every=2',
   '--target=0.8',
   '--config.model.name=mlp',  # compiles faster than the CNN
+  '--config.network.compute_budget_s=0.25',  # timing each run's compute term (runlocal's)
   # a learning rate that does not depend on --max_steps: a run to the target is the same
   # program as its profile (compiled once, through conftest's compilation cache)
   '--config.optimizer.schedule=constant',
