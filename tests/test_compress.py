@@ -222,28 +222,57 @@ def test_compaction_takes_the_held_positions_cyclically_from_the_offset():
 
   rng = np.random.default_rng(3)
   compact = jax.jit(jax.vmap(sparsify._compact_counted, in_axes=(0, None, 0)), static_argnums=1)
-  words = sparsify.COMPACT_BY_WORDS_FROM + 33  # packed into 32-bit words above this
+  words = sparsify.COMPACT_BY_WORDS_FROM + 40  # packed into 32-bit words above this
   cases = [(2000, 1000, 0.4), (33, 40, 0.9), (words, words // 2, 0.4), (words, 100, 0.005)]
+  cases += [(words, 10, 0.0)]  # nothing held
   for n, k, p in cases:  # by positions; by words, finding a rank's word both ways
-    rows = rng.random((4, n)) < p
-    offsets = np.array([0, 31, 32, n - 1]) % n  # word boundaries; traced, per row
+    rows = rng.random((5, n)) < p
+    offsets = np.array([0, 31, 32, n - 3, n - 1]) % n  # word boundaries, the last partial word
     idx, total = compact(jnp.asarray(rows), k, jnp.asarray(offsets))
     for row, offset, got, count in zip(rows, offsets, idx, total, strict=True):
       assert got.tolist() == reference(row, k, offset) and int(count) == row.sum(), (n, k)
 
 
+def test_compaction_counts_exactly_past_float32s_integers():
+  """More than 2^24 held positions: the words' running counts must not round (float32)."""
+  n = 1 << 25
+  rng = np.random.default_rng(0)
+  mask = rng.random(n) < 0.9  # ~30M held: the running counts pass 2^24 about halfway
+  held = np.flatnonzero(mask)
+  offsets = np.concatenate([[0, n - 1], rng.integers(n // 2, n, 30)])
+  compact = jax.vmap(sparsify._compact_counted, in_axes=(None, None, 0))
+  idx, total = jax.jit(compact, static_argnums=1)(jnp.asarray(mask), 16, jnp.asarray(offsets))
+  assert total.tolist() == [held.size] * offsets.size
+  for offset, got in zip(offsets, np.asarray(idx), strict=True):
+    first = np.searchsorted(held, offset)
+    np.testing.assert_array_equal(got, np.take(held, np.arange(first, first + 16), mode='wrap'))
+  counts = np.full(n // 32, 31, np.int32)  # the words' counts of a mask with 31 held a word
+  got = jax.jit(sparsify._prefix_sum, static_argnames='bound')(jnp.asarray(counts), bound=n)
+  np.testing.assert_array_equal(np.asarray(got), np.cumsum(counts))
+
+
 def test_threshold_searches_run_per_device_in_shard_map():
   """Their loops' carries follow the input across devices (check_vma=True)."""
   mesh = jax.make_mesh((8,), ('w',), axis_types=(jax.sharding.AxisType.Explicit,))
-  rows = np.abs(np.random.default_rng(2).standard_normal((8, 4000))).astype(np.float32)
+  rows = np.abs(np.random.default_rng(2).standard_normal((8, 20_000))).astype(np.float32)
   spec = jax.sharding.PartitionSpec('w')
   x = jax.device_put(jnp.asarray(rows), jax.NamedSharding(mesh, spec))
-  both = lambda a: (sparsify.top_k_bisect(a[0], 40)[None], sparsify._kth_largest(a[0], 40)[None])
-  idx, kth = jax.jit(jax.shard_map(both, mesh=mesh, in_specs=spec, out_specs=spec))(x)
-  for row, i, t in zip(rows, np.asarray(idx), np.asarray(kth), strict=True):
+
+  def each(a):  # and compactions of masks packed into words: rank by search, by histogram
+    few, many = (
+      sparsify._compact_counted(a[0] > t, k, 5)[0][None] for t, k in [(2, 50), (1, 9000)]
+    )
+    return sparsify.top_k_bisect(a[0], 40)[None], sparsify._kth_largest(a[0], 40)[None], few, many
+
+  out = jax.jit(jax.shard_map(each, mesh=mesh, in_specs=spec, out_specs=spec))(x)
+  for row, i, t, few, many in zip(rows, *(np.asarray(o) for o in out), strict=True):
     want = np.sort(np.argsort(-row, kind='stable')[:40])
     np.testing.assert_array_equal(i, want)
     assert t == np.sort(row)[-40]
+    for got, held in [(few, np.flatnonzero(row > 2)), (many, np.flatnonzero(row > 1))]:
+      first = np.searchsorted(held, 5)
+      want = [held[(first + j) % held.size] if j < held.size else row.size for j in range(got.size)]
+      np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize('k', [1, 500, 25_000, 30_000])  # 30,000 > n/2: lax.top_k's way
@@ -581,4 +610,9 @@ def test_wire_bytes_traces_the_encode_once_per_compressor_and_length():
   assert [c.wire_bytes(1000), c.wire_bytes(1000), Counted(ratio=0.1).wire_bytes(1000)] == [800] * 3
   assert c.wire_bytes(2000) == 1600 and Counted(ratio=0.2).wire_bytes(1000) == 1600
   assert traced == [1000, 2000, 1000]  # once per (compressor, length)
-  assert C.TopK(ratio=0.1).wire_bytes(1000) == 800  # another class: its own entry
+
+  @dataclasses.dataclass(frozen=True)
+  class Other(Counted):  # equal fields, another class: its own entry
+    pass
+
+  assert Other(ratio=0.1).wire_bytes(1000) == 800 and traced == [1000, 2000, 1000, 1000]

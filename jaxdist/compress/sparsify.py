@@ -34,17 +34,19 @@ def _compact(mask: jax.Array, k: int, offset: jax.Array | int = 0) -> tuple[jax.
   return idx, jnp.arange(k) < total
 
 
-def _prefix_sum(x: jax.Array, block: int = 32) -> jax.Array:
+def _prefix_sum(x: jax.Array, block: int = 32, bound: int | None = None) -> jax.Array:
   """Inclusive prefix sums of non-negative int32 counts along the last axis.
 
-  Blocks of `block` are summed by a matmul with a triangular matrix of ones
-  and the blocks' totals by the same, recursively: exact in float32 while the
-  sums stay below 2^24 (beyond, `lax.associative_scan`). On the CPU of issue
+  `bound` is the most the sums can reach (default: the length, as for
+  counts of 0 or 1). Blocks of `block` are summed by a matmul with a
+  triangular matrix of ones and the blocks' totals by the same, recursively:
+  exact in float32 while the bound is below 2^24 (else `lax.associative_scan`). On the CPU of issue
   14 this runs as fast as `associative_scan` and compiles 2-3x faster; jnp's
   `cumsum` (towers of reduce-windows) runs 2-3x slower.
   """
   *lead, n = x.shape
-  if n >= 1 << 24:
+  bound = n if bound is None else bound
+  if bound >= 1 << 24:
     return lax.associative_scan(jnp.add, x, axis=-1)
   width = min(n, block)
   blocks = -(-n // width)
@@ -54,7 +56,7 @@ def _prefix_sum(x: jax.Array, block: int = 32) -> jax.Array:
   inner_MxB = jnp.matmul(x_MxB, ones_BxB, precision=lax.Precision.HIGHEST)
   if blocks > 1:
     totals_M = inner_MxB[..., -1]
-    before_M = _prefix_sum(totals_M.astype(jnp.int32), block) - totals_M
+    before_M = _prefix_sum(totals_M.astype(jnp.int32), block, bound) - totals_M
     inner_MxB = inner_MxB + before_M[..., None]
   return inner_MxB.reshape(*lead, blocks * width)[..., :n].astype(jnp.int32)
 
@@ -106,7 +108,7 @@ def _compact_counted(
   bits_WxB = jnp.pad(mask, (0, words * 32 - n)).reshape(words, 32).astype(jnp.uint32)
   word_W = jnp.sum(bits_WxB << lax.iota(jnp.uint32, 32), axis=1, dtype=jnp.uint32)
   count_W = lax.population_count(word_W).astype(jnp.int32)
-  upto_W = _prefix_sum(count_W)  # held positions up to and including each word
+  upto_W = _prefix_sum(count_W, bound=n)  # held positions up to and including each word
   before_W = upto_W - count_W
   total = upto_W[-1]
   at, bit = offset // 32, jnp.asarray(offset % 32, jnp.uint32)
@@ -244,7 +246,7 @@ def _candidates(a: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   A threshold t is read off an evenly spaced sample of a (16,384 elements) where about
   2k elements of a should lie at or above it. If between k and 4k do (NaN
   counts as above, as top_k ranks it first), the positions of those
-  candidates are compacted in order (a prefix sum) and top_k runs over the 4k
+  candidates are compacted in order (`_compact_counted`) and top_k runs over the 4k
   candidate slots instead of all n: the k-th largest value is at least t, so
   every element of the answer is a candidate; candidates keep their order,
   so ties break towards the lower position as in top_k, and the answer is the
@@ -252,8 +254,8 @@ def _candidates(a: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   false and the arrays are not the answer.
 
   Exact whatever the sample where found; the sample only decides how often
-  it is not. Costs about four passes over a (sample and sort, compare, prefix
-  sum, scatter: `_compact_counted`) plus top_k over 4k elements.
+  it is not. Costs about three passes over a (sample and sort, compare,
+  compaction) plus top_k over 4k elements.
   """
   n = a.size
   cap = 4 * k

@@ -158,7 +158,8 @@ def plot(runs: dict[str, Run], networks: Sequence[str]) -> Figure:
         ms=3,
         label=name,
       )
-    ax.set(xlabel=f'modelled time (s) @ {net}', ylabel='test accuracy', xscale='log')
+    ax.set(xlabel=f'modelled time (s) @ {net}', ylabel='test accuracy')
+    report.log_scale(ax, 'x')
     ax.grid(alpha=0.3)
     ax.legend(loc='lower right')
   fig.tight_layout()

@@ -62,7 +62,7 @@ def _fmt(v: Any) -> str:
   return str(v)
 
 
-def _log_scale(ax, axis: str = 'y') -> None:
+def log_scale(ax, axis: str = 'y') -> None:
   """A log axis whose tick labels are plain text ('0.5', '1', '2'), not mathtext.
 
   Matplotlib's default log labels (`$\\mathdefault{10^{-1}}$`) go through its
@@ -83,7 +83,7 @@ def plot_curves(records: Sequence[Mapping[str, Any]], title: str = '') -> Figure
   ax_loss.plot(steps, [r['loss'] for r in records if 'loss' in r], lw=1, label='train')
   evals = [r for r in records if 'test_loss' in r]
   ax_loss.plot([r['step'] for r in evals], [r['test_loss'] for r in evals], 'o-', label='test')
-  _log_scale(ax_loss)
+  log_scale(ax_loss)
   ax_loss.set(xlabel='step', ylabel='loss')
   ax_acc.plot(
     steps, [r['accuracy'] for r in records if 'loss' in r], lw=1, alpha=0.6, label='train (batch)'
@@ -112,7 +112,7 @@ def plot_ratios(records: Sequence[Mapping[str, Any]], network: str, title: str =
     ax.plot([r['step'] for r in explore], [r['ratio'] for r in explore], 'x', color='C3',
             label='exploring (undone)')  # fmt: skip
   ax.set(xlabel='step', ylabel='kept fraction', title=title)
-  _log_scale(ax)
+  log_scale(ax)
   comm = ax.twinx()
   comm.plot(steps, [1e3 * r[f'comm_s@{network}'] for r in records], color='gray', alpha=0.6)
   comm.set_ylabel(f'modelled comm ms ({network})', color='gray')
