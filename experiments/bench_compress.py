@@ -19,6 +19,11 @@ rounding half up (biased; timed only): the coins' share of QSGD's and
 TernGrad's time is one minus the ratio, now and before. With `--prng` a
 second table times the random bits alone for n elements (read p, write the
 coins), for each of JAX's key implementations and `jd.compress.bernoulli`.
+With `--compaction` a third times the sparsifiers' compaction alone (the k
+positions of a mask, in order) at a threshold's shape (n positions, 1% held)
+and DGC's (2k bins, ~40% held): packed into 32-bit words, as now above 2^14
+positions, and by binary searches over every position's prefix sum, as
+before (and still below); the two are checked equal.
 
 Wire columns: the payload's exact bytes, that as a fraction of the dense
 float32 vector, and the bytes each of `--workers` workers sends, relative to
@@ -60,6 +65,9 @@ flags.DEFINE_float('target', 3.0, 'Approximate Top-k target: at most this many m
 flags.DEFINE_bool('keep_buffers', True, 'Keep freed buffers mapped (glibc mallopt) on Linux.')
 flags.DEFINE_bool('before', True, 'Also time the implementations before issue 14 (d9014e4).')
 flags.DEFINE_bool('prng', True, "Also time the random bits alone, for each of JAX's PRNGs.")
+flags.DEFINE_bool(
+  'compaction', True, "Also time the sparsifiers' compaction alone: packed words and before."
+)
 flags.DEFINE_string('results', None, 'Also write the tables as markdown here, with the command.')
 
 
@@ -240,6 +248,32 @@ def _prng_functions(jd, n: int):
   return out
 
 
+def _compaction_functions(jd, n: int, ratio: float):
+  """(label, function, mask, k) for the compaction alone at two shapes of a size-n vector.
+
+  A threshold's (n positions, 1% held, k = ratio·n slots) and DGC's (2k bins,
+  ~40% held, k slots), each by `_compact_counted` (masks above 2^14 packed
+  into words) and by `_compact_by_positions` (binary searches over every
+  position's prefix sum: the way before, and still the way for short masks).
+  """
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  sparsify = jd.compress.sparsify
+  k = jd.compress.base.num_kept(n, ratio)
+  rng = np.random.default_rng(2)
+  out = []
+  for shape, m, held in (('threshold', n, ratio), ('dgc bins', min(n, 2 * k), 0.4)):
+    mask = jax.device_put(jnp.asarray(rng.random(m) < held))
+    for way, fn in (
+      ('packed words', sparsify._compact_counted),
+      ('positions', sparsify._compact_by_positions),
+    ):
+      out.append((f'{shape}: {way}', jax.jit(lambda a, fn=fn: fn(a, k, 7)), mask, k))
+  return out
+
+
 def _keep_buffers() -> str:
   """Stops glibc from unmapping large freed buffers (so no page faults per call)."""
   import ctypes
@@ -271,6 +305,13 @@ def _time(funcs, rounds: int, seed: int) -> dict:
   return times
 
 
+def _rows_for(label: str, rows: list, prng_rows: list, compact_rows: list) -> list:
+  """The table a timed function's row goes to, by its label's prefix."""
+  if label.startswith('prng: '):
+    return prng_rows
+  return compact_rows if label.startswith('compact: ') else rows
+
+
 def _summary(ts):
   med = statistics.median(ts)
   q1, _, q3 = statistics.quantiles(ts, n=4) if len(ts) > 1 else (med, med, med)
@@ -298,7 +339,7 @@ def main(argv):
     f'{allocator}'
   )
 
-  rows, prng_rows, notes = [], [], []
+  rows, prng_rows, compact_rows, notes = [], [], [], []
   ms_of = {}  # (n, label) -> median ms
   for n in (int(s) for s in FLAGS.sizes):
     x_np = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
@@ -361,6 +402,18 @@ def main(argv):
         row = {'name': label, 'n': f'{n:,}', 'note': note}
         funcs[f'prng: {label}'] = (jax.jit(draw), (p, key), row)
 
+    if FLAGS.compaction:
+      results = {}
+      for label, fn, mask, k in _compaction_functions(jd, n, FLAGS.ratio):
+        row = {'name': label, 'n': f'{n:,}', 'mask': f'{mask.size:,}', 'k': f'{k:,}'}
+        funcs[f'compact: {label}'] = (fn, (mask,), row)
+        results.setdefault(label.split(':')[0], []).append(fn(mask))
+      for shape, (words, positions) in results.items():
+        same = all(np.array_equal(a, b) for a, b in zip(words, positions, strict=True))
+        notes.append(f'n={n:,}: compaction ({shape}) by words equals by positions: '
+                     f'{"yes" if same else "NO"}')  # fmt: skip
+        print(notes[-1])
+
     # Compile and warm up (twice: the first call also compiles).
     failed = []
     for label, (fn, args, row) in funcs.items():
@@ -372,7 +425,7 @@ def main(argv):
         print(f'n={n:,}: {label} failed: {type(e).__name__}: {e}'.splitlines()[0])
         if row is not None:
           row['ms'] = f'failed ({type(e).__name__})'
-          (prng_rows if label.startswith('prng: ') else rows).append(row)
+          _rows_for(label, rows, prng_rows, compact_rows).append(row)
     for label in failed:
       del funcs[label]
 
@@ -396,7 +449,7 @@ def main(argv):
       ms, spread = _summary(times[label])
       ms_of[(n, label)] = ms
       row.update(ms=f'{ms:.3f}', spread=f'{100 * spread:.0f}%', vs_copy=f'{ms / base_ms:.2f}x')
-      (prng_rows if label.startswith('prng: ') else rows).append(row)
+      _rows_for(label, rows, prng_rows, compact_rows).append(row)
 
   columns = [
     ('name', 'compressor'),
@@ -418,10 +471,22 @@ def main(argv):
     ('vs_copy', 'vs memory pass'),
     ('note', 'note'),
   ]
+  compact_columns = [
+    ('name', 'compaction alone'),
+    ('n', 'n'),
+    ('mask', 'mask positions'),
+    ('k', 'slots'),
+    ('ms', 'ms (median)'),
+    ('spread', 'IQR/median'),
+    ('vs_copy', 'vs memory pass of n'),
+  ]
   print(report.table(rows, columns))
   if prng_rows:
     print()
     print(report.table(prng_rows, prng_columns))
+  if compact_rows:
+    print()
+    print(report.table(compact_rows, compact_columns))
 
   largest = max(int(s) for s in FLAGS.sizes)
   verdicts = []
@@ -469,6 +534,8 @@ def main(argv):
     text = [report.provenance(command), '', report.markdown(rows, columns), '']
     if prng_rows:
       text += [report.markdown(prng_rows, prng_columns), '']
+    if compact_rows:
+      text += [report.markdown(compact_rows, compact_columns), '']
     text += [f'- {line}' for line in notes + verdicts]
     with open(FLAGS.results, 'w') as f:
       f.write('\n'.join(text) + '\n')

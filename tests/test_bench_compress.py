@@ -63,3 +63,10 @@ def test_results_file_is_written_at_tiny_sizes(tmp_path):
     '- target (random bits no longer dominant, i.e. under half the time) at 512: qsgd(127) ' in text
   )
   assert '| qsgd(127) no coins (rounded) | 512 |' in text
+  assert '| compaction alone | n | mask positions | slots |' in text
+  for row in (
+    '| threshold: packed words | 512 | 512 | 5 |',
+    '| dgc bins: positions | 512 | 10 | 5 |',
+  ):
+    assert row in text
+  assert '- n=512: compaction (dgc bins) by words equals by positions: yes' in text
