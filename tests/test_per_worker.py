@@ -80,6 +80,13 @@ def _zeros_batch(workers):
   return x, jax.device_put(np.zeros((8, 2), np.int32), workers.sharding)
 
 
+def _device_step(model, tx, workers):
+  """(fresh state, step, x, y) of `tx` under per_worker='device', on the zero batch."""
+  state = step_lib.make_init(model, tx, workers, (8, 8, 1), 'device')(jax.random.key(0))
+  step = step_lib.make_train_step(model, tx, workers, per_worker='device')
+  return state, step, *_zeros_batch(workers)
+
+
 def _assert_same(a, b):
   for leaf in jax.tree.leaves((a, b)):
     assert np.all(np.isfinite(np.asarray(leaf, np.float32)))
@@ -192,9 +199,7 @@ def test_device_refuses_what_it_cannot_run_once_per_device():
     step_lib.make_train_step(model, tx, workers, counted=True, per_worker='device')
   with pytest.raises(ValueError, match='staggered'):
     step_lib.make_train_step(model, tx, workers, staggered=True, per_worker='device')
-  state = step_lib.make_init(model, tx, workers, (8, 8, 1), 'device')(jax.random.key(0))
-  step = step_lib.make_train_step(model, tx, workers, per_worker='device')
-  x, y = _zeros_batch(workers)
+  state, step, x, y = _device_step(model, tx, workers)
   with pytest.raises(ValueError, match=r'once per device: no per-worker arguments \(candidate\)'):
     step(state, x, y, candidate=jax.device_put(np.zeros(8, np.int32), workers.sharding))
 
@@ -244,9 +249,7 @@ def test_a_split_chain_refuses_counted_batches_and_a_communicating_device_part()
   with pytest.raises(ValueError, match='SplitChain takes uniform batches: not with counted'):
     step_lib.make_train_step(model, split, workers, counted=True, per_worker='device')
   talks = step_lib.SplitChain(split.workers, _txs(workers)['allreduce'])
-  state = step_lib.make_init(model, talks, workers, (8, 8, 1), 'device')(jax.random.key(0))
-  step = step_lib.make_train_step(model, talks, workers, per_worker='device')
-  x, y = _zeros_batch(workers)
+  state, step, x, y = _device_step(model, talks, workers)
   with pytest.raises(ValueError, match='device part runs once per device: it must not'):
     step(state, x, y)
 

@@ -40,9 +40,9 @@ def _prefix_sum(x: jax.Array, block: int = 32, bound: int | None = None) -> jax.
   `bound` is the most the sums can reach (default: the length, as for
   counts of 0 or 1). Blocks of `block` are summed by a matmul with a
   triangular matrix of ones and the blocks' totals by the same, recursively:
-  exact in float32 while the bound is below 2^24 (else `lax.associative_scan`). On the CPU of issue
-  14 this runs as fast as `associative_scan` and compiles 2-3x faster; jnp's
-  `cumsum` (towers of reduce-windows) runs 2-3x slower.
+  exact in float32 while the bound is below 2^24 (else `lax.associative_scan`).
+  On the CPU of issue 14 this runs as fast as `associative_scan` and compiles
+  2-3x faster; jnp's `cumsum` (towers of reduce-windows) runs 2-3x slower.
   """
   *lead, n = x.shape
   bound = n if bound is None else bound
@@ -126,8 +126,9 @@ def _compact_counted(
   pos_K = jnp.zeros_like(left_K)
   for half in (16, 8, 4, 2, 1):  # the (left_K + 1)-th set bit, from the lowest
     low = lax.population_count((bits_K >> pos_K.astype(jnp.uint32)) & ((1 << half) - 1))
-    past = left_K >= low.astype(jnp.int32)
-    left_K = jnp.where(past, left_K - low.astype(jnp.int32), left_K)
+    low = low.astype(jnp.int32)
+    past = left_K >= low
+    left_K = jnp.where(past, left_K - low, left_K)
     pos_K = jnp.where(past, pos_K + half, pos_K)
   return jnp.where(slot_K < total, word_K * 32 + pos_K, n), total
 
