@@ -321,7 +321,9 @@ def main(argv):
   del argv
   import jax
 
-  jax.config.update('jax_num_cpu_devices', FLAGS.cpu_devices)
+  from jaxdist import runtime
+
+  runtime.cpu_devices(FLAGS.cpu_devices)
   import numpy as np
   import optax
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -136,6 +137,33 @@ def layout(
     )
   mesh = Mesh(np.asarray(available[:devices]), (DATA,), axis_types=(AxisType.Auto,))
   return Workers(mesh=mesh, per_device=count // devices)
+
+
+CPU_THREADS_PER_DEVICE = 4  # what `cpu_devices` gives XLA's CPU runtime, per device
+
+
+def cpu_devices(count: int) -> None:
+  """Makes JAX create `count` CPU devices, with threads enough for their collectives.
+
+  Call before JAX starts (before any jax op). Sets `jax_num_cpu_devices` and,
+  unless the environment already sets it, `PJRT_NPROC` (the thread count XLA's
+  CPU client reads) to `CPU_THREADS_PER_DEVICE` × count, or the core count if
+  larger. XLA sizes its CPU thread pools max(cores, devices): one thread per
+  device, what a single collective needs, since each device's part of a
+  collective blocks a thread until every device arrives. A step with two
+  collectives that do not depend on each other (a payload's all-gather and
+  the metrics' all-reduce), or a step started on some devices while others
+  finish the last, can block every thread with a device still to arrive: the
+  process then aborts after 40 s ("Termination timeout for all reduce").
+  On the 2-core machine of issue 14, a loop of such steps dispatched without
+  waiting hung 3 times in 3 with 8 threads and never with 16 or 32
+  (`tests/test_runtime.py` keeps the case); idle threads cost nothing.
+  """
+  if count < 1:
+    raise ValueError(f'cpu_devices must be >= 1, got {count}')
+  threads = max(os.cpu_count() or 1, CPU_THREADS_PER_DEVICE * count)
+  os.environ.setdefault('PJRT_NPROC', str(threads))
+  jax.config.update('jax_num_cpu_devices', count)
 
 
 def initialize_distributed(

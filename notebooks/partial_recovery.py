@@ -39,12 +39,12 @@ if 'google.colab' in sys.modules:  # install jaxdist and fetch its configs
   os.system('pip install -q -e /content/jaxdist')
   os.chdir('/content/jaxdist/notebooks')
 
-import jax
 
-jax.config.update('jax_num_cpu_devices', 8)  # 8 CPU devices, before JAX starts
+import jaxdist as jd
+
+jd.runtime.cpu_devices(8)  # 8 CPU devices, before JAX starts
 
 # %matplotlib inline
-import jaxdist as jd
 
 # %% [markdown]
 # ## The cluster and the checkpoint intervals

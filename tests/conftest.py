@@ -9,7 +9,9 @@ import tempfile
 
 import jax
 
-jax.config.update('jax_num_cpu_devices', 8)
+from jaxdist import runtime
+
+runtime.cpu_devices(8)  # and threads enough for their collectives
 
 import pytest  # noqa: E402
 

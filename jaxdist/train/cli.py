@@ -19,9 +19,9 @@ def _quiet_libraries(record) -> bool:
 
 def setup(cpu_devices: int) -> None:
   """Creates `cpu_devices` CPU devices (before JAX starts) and quiets library INFO logs."""
-  import jax
+  from jaxdist import runtime
 
-  jax.config.update('jax_num_cpu_devices', cpu_devices)
+  runtime.cpu_devices(cpu_devices)
   logging.get_absl_handler().python_handler.addFilter(_quiet_libraries)
 
 
