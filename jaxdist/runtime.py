@@ -146,22 +146,25 @@ def cpu_devices(count: int) -> None:
   """Makes JAX create `count` CPU devices, with threads enough for their collectives.
 
   Call before JAX starts (before any jax op). Sets `jax_num_cpu_devices` and,
-  unless the environment already sets it, `PJRT_NPROC` (the thread count XLA's
-  CPU client reads) to `CPU_THREADS_PER_DEVICE` × count, or the core count if
-  larger. XLA sizes its CPU thread pools max(cores, devices): one thread per
-  device, what a single collective needs, since each device's part of a
-  collective blocks a thread until every device arrives. A step with two
+  unless the environment already sets it, `PJRT_NPROC` (the thread count of
+  XLA's CPU client) to `CPU_THREADS_PER_DEVICE` × count, or to the cores this
+  process may use if more.
+
+  XLA sizes its CPU thread pools max(cores, devices): on a machine with fewer
+  cores than devices, one thread per device, what a single collective needs
+  (each device's part blocks a thread until every device arrives). Two
   collectives that do not depend on each other (a payload's all-gather and
-  the metrics' all-reduce), or a step started on some devices while others
-  finish the last, can block every thread with a device still to arrive: the
-  process then aborts after 40 s ("Termination timeout for all reduce").
-  On the 2-core machine of issue 14, a loop of such steps dispatched without
-  waiting hung 3 times in 3 with 8 threads and never with 16 or 32
-  (`tests/test_runtime.py` keeps the case); idle threads cost nothing.
+  the metrics' all-reduce), or a step begun on some devices while others
+  finish the last, can then block every thread while a device has still to
+  arrive: the process aborts after 40 s ("Termination timeout for all
+  reduce"). On the 2-core machine of issue 14, a loop of such steps
+  dispatched without waiting hung in 3 tries of 3 with 8 threads, and in
+  none with 16 or 32 (`tests/test_runtime.py` keeps the case).
   """
   if count < 1:
     raise ValueError(f'cpu_devices must be >= 1, got {count}')
-  threads = max(os.cpu_count() or 1, CPU_THREADS_PER_DEVICE * count)
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+  threads = max(cores or 1, CPU_THREADS_PER_DEVICE * count)
   os.environ.setdefault('PJRT_NPROC', str(threads))
   jax.config.update('jax_num_cpu_devices', count)
 
