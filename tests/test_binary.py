@@ -128,8 +128,18 @@ def tree_digest(path) -> str:
       'config.sync.selsync: alpha must be in [0, 1), got 1.5',
     ),
     (['--config.model.name=mlp'], 'cannot resume from the checkpoint at step 20'),
+    (['--cpu_devices=0'], '--cpu_devices must be >= 1, got 0'),
   ],
-  ids=['model', 'dataset', 'batch', 'unprepared', 'sync', 'section-key', 'mismatched-resume'],
+  ids=[
+    'model',
+    'dataset',
+    'batch',
+    'unprepared',
+    'sync',
+    'section-key',
+    'mismatched-resume',
+    'cpu-devices',
+  ],
 )
 def test_bad_input_fails_clearly_and_keeps_the_checkpoint(
   finished_run, data_dir, overrides, message

@@ -14,7 +14,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # XLA's default pools (one thread per device on a machine with fewer cores than devices) this
 # hung in every try on the 2-core machine of issue 14 (40 s, then an abort).
 STEPS = """
-import sys
+import os
 import numpy as np
 from jaxdist import runtime
 runtime.cpu_devices(8)
@@ -29,7 +29,6 @@ x = y = jax.device_put(np.ones(8 * 1000, np.float32), NamedSharding(mesh, P('w')
 for _ in range(500):
   x, y = step(x, y)
 jax.block_until_ready((x, y))
-import os
 print(os.environ['PJRT_NPROC'], float(np.asarray(y).max()))
 """
 

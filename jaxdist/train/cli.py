@@ -18,10 +18,17 @@ def _quiet_libraries(record) -> bool:
 
 
 def setup(cpu_devices: int) -> None:
-  """Creates `cpu_devices` CPU devices (before JAX starts) and quiets library INFO logs."""
+  """Creates `cpu_devices` CPU devices (before JAX starts) and quiets library INFO logs.
+
+  A count below 1 ends the binary with one `error:` line naming --cpu_devices, exit status 2.
+  """
   from jaxdist import runtime
 
-  runtime.cpu_devices(cpu_devices)
+  try:
+    runtime.cpu_devices(cpu_devices)
+  except ValueError as e:
+    print(f'error: --{e}', file=sys.stderr)  # "--cpu_devices must be >= 1, got 0"
+    sys.exit(2)
   logging.get_absl_handler().python_handler.addFilter(_quiet_libraries)
 
 
