@@ -198,6 +198,32 @@ def test_top_k_bisect_under_vmap_and_with_nan():
   assert {5, 50_000} <= set(np.asarray(got[0]).tolist())
 
 
+def test_top_k_bisect_reads_a_short_last_bin_without_the_bin_before():
+  # 1,003 floats in bins of 10: the last bin holds 1000-1002, read as the window 993-1002
+  a = np.zeros(1003, np.float32)
+  a[[995, 996, 1001, 5]] = [9.0, 8.0, 7.0, 6.0]  # 995 and 996 sit in bin 99, 1001 in bin 100
+  got = jax.jit(sparsify.top_k_bisect, static_argnums=(1, 2))(jnp.asarray(a), 4, 10)
+  np.testing.assert_array_equal(np.asarray(got), [5, 995, 996, 1001])
+  got = jax.jit(sparsify.top_k_bisect, static_argnums=(1, 2))(jnp.asarray(a), 3, 10)
+  np.testing.assert_array_equal(np.asarray(got), [995, 996, 1001])
+
+
+@pytest.mark.parametrize('key', [0, 1, 2])
+def test_dgc_sends_each_bins_first_largest_including_a_short_last_bin(key):
+  # 1,003 floats, k = 22 bins of 46 (bins_per_k=1): the last bin is 966-1002 (37 elements),
+  # read as the window 957-1002. Zeros but three spikes, so the sampled threshold is 0, every
+  # bin passes and all 22 are sent: each bin's first largest |x|, a lossless payload here.
+  x = np.zeros(1003, np.float32)
+  x[[10, 960, 1000]] = [2.0, 3.0, -3.0]  # bins 0, 20 (inside the last bin's window), 21
+  c = C.dgc(k=22, bins_per_k=1)
+  (values, idx), _ = jax.jit(c.encode)(jnp.asarray(x), None, jax.random.key(key))
+  want = sorted({b * 46 for b in range(22)} - {0, 20 * 46, 21 * 46} | {10, 960, 1000})
+  order = np.argsort(np.asarray(idx))
+  np.testing.assert_array_equal(np.asarray(idx)[order], want)
+  np.testing.assert_array_equal(np.asarray(values)[order], x[want])
+  np.testing.assert_array_equal(np.asarray(c.decode((values, idx), None, 1003)), x)
+
+
 @pytest.mark.parametrize('n', [1, 31, 32, 33, 1025, 100_003])
 def test_prefix_sum_is_numpys_cumsum(n):
   x = np.random.default_rng(n).integers(0, 3, (2, n)).astype(np.int32)
