@@ -480,7 +480,11 @@ class DGC(_Sparsifier):
   ~0.75-1), the decode's dense write (~0.8), and small kernels (the sample's
   k-th largest by bisection of its bit patterns instead of top_k's sort,
   0.17; the compaction of 2k bins into k slots by population counts of
-  packed words, ~0.25). The payload is the same as the direct formulation's
+  packed words, ~0.25). Where the bins' width does not divide n, as for
+  most gradients, the maxima come from a strided `reduce_window` and the
+  chosen bins are read as windows of x (`_bin_rows`): 4.3 passes at
+  10,000,019 floats, where padding x into rows took 11-15. The payload is
+  the same as the direct formulation's
   (top_k, abs, `jnp.nonzero`). Tried there for the same payload, timed in
   turns with this one in one process (3.5-3.8 passes in those runs), and
   slower: each bin's max and first position in the one read of x (`argmax`,
