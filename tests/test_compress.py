@@ -198,6 +198,22 @@ def test_top_k_bisect_under_vmap_and_with_nan():
   assert {5, 50_000} <= set(np.asarray(got[0]).tolist())
 
 
+@pytest.mark.parametrize(
+  'n, width, want',
+  [(10_000_008, 10, 9), (10_008, 10, 9), (12, 10, 12), (151_306, 10, 10), (1003, 10, 10)],
+)
+def test_bisect_moves_its_width_to_a_divisor_of_n_nearby(n, width, want):
+  assert sparsify._dividing_width(n, width) == want
+
+
+def test_top_k_bisect_with_a_dividing_width_is_top_ks():
+  # 10,008 floats, k = 100: sqrt(n / k) is 10, and 9 divides 10,008 (ties included)
+  a = np.round(np.abs(np.random.default_rng(3).standard_normal(10_008)), 1).astype(np.float32)
+  got = jax.jit(sparsify.top_k_bisect, static_argnums=1)(jnp.asarray(a), 100)
+  want = np.sort(np.asarray(jax.lax.top_k(jnp.asarray(a), 100)[1]))
+  np.testing.assert_array_equal(np.asarray(got), want)
+
+
 def test_top_k_bisect_reads_a_short_last_bin_without_the_bin_before():
   # 1,003 floats in bins of 10: the last bin holds 1000-1002, read as the window 993-1002
   a = np.zeros(1003, np.float32)

@@ -233,10 +233,22 @@ def _bin_rows(x: jax.Array, rows: jax.Array, width: int, fill) -> tuple[jax.Arra
   return jnp.where(inside, windows, jnp.asarray(fill, x.dtype)), starts
 
 
+def _dividing_width(n: int, width: int) -> int:
+  """The width within [2/3, 3/2] of `width` nearest to it that divides n, else `width`.
+
+  Every width gives top_k's positions; one that divides n spares the
+  padding, which on XLA's CPU backend made `top_k_bisect` about twice as
+  slow (1M + 3 floats: 4.3 against 2.3 ms at 1M).
+  """
+  near = [d for d in range(max(1, -(-2 * width // 3)), 3 * width // 2 + 1) if n % d == 0]
+  return min(near, key=lambda d: (abs(d - width), d)) if near else width
+
+
 def top_k_bisect(a: jax.Array, k: int, width: int | None = None) -> jax.Array:
   """The positions of `lax.top_k(a, k)` for floats a >= +0.0 of at most 32 bits, ascending; no sort.
 
-  a is cut into bins of `width` elements (default about sqrt(n/k)). The
+  a is cut into bins of `width` elements (default about sqrt(n/k), moved to
+  a width that divides n where one is near: `_dividing_width`). The
   answer lies in the k bins with the largest maxima (ties to the lower bin):
   a bin left out has its maximum at most the k-th largest bin maximum, which
   is at most the k-th largest element, and each of the k chosen bins holds an
@@ -260,7 +272,7 @@ def top_k_bisect(a: jax.Array, k: int, width: int | None = None) -> jax.Array:
   """
   n = a.size
   if width is None:
-    width = max(1, round(float(np.sqrt(n / k))))
+    width = _dividing_width(n, max(1, round(float(np.sqrt(n / k)))))
   width = max(1, min(width, n // k))  # at least k bins
   bins = -(-n // width)
   bits = lax.bitcast_convert_type(a.astype(jnp.float32), jnp.int32)  # exact from 16 bits
