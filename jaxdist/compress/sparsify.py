@@ -194,7 +194,7 @@ def _first_k_largest(bits: jax.Array, k: int) -> jax.Array:
 
 
 def _bin_maxima(x: jax.Array, width: int, smallest: bool = False) -> jax.Array:
-  """The maximum (or minimum) of each bin of `width` consecutive elements of x, from position 0.
+  """The maximum (or minimum) of each bin of `width` consecutive floats of x, from position 0.
 
   ceil(n / width) bins; the last may be short. Where `width` divides x, a
   reshape and a row reduction; otherwise a strided `reduce_window`, whose
@@ -206,11 +206,7 @@ def _bin_maxima(x: jax.Array, width: int, smallest: bool = False) -> jax.Array:
   if n % width == 0:
     rows = x.reshape(n // width, width)
     return jnp.min(rows, axis=1) if smallest else jnp.max(rows, axis=1)
-  if jnp.issubdtype(x.dtype, jnp.floating):
-    init = jnp.inf if smallest else -jnp.inf
-  else:
-    init = jnp.iinfo(x.dtype).max if smallest else jnp.iinfo(x.dtype).min
-  op = lax.min if smallest else lax.max
+  init, op = (jnp.inf, lax.min) if smallest else (-jnp.inf, lax.max)
   return lax.reduce_window(x, jnp.asarray(init, x.dtype), op, (width,), (width,), [(0, -n % width)])
 
 
@@ -538,7 +534,7 @@ class DGC(_Sparsifier):
     width = -(-n // bins)
     # max |x| per bin from max and min, read in place (an abs would be written out first)
     largest_B = jnp.maximum(_bin_maxima(x, width), -_bin_maxima(x, width, smallest=True))
-    if bins * width - n >= width:  # bins past the end
+    if largest_B.size < bins:  # bins past the end
       largest_B = jnp.pad(largest_B, (0, bins - largest_B.size), constant_values=-1.0)
     start = jax.random.randint(start_key, (), 0, bins)
     chosen_K, valid_K = _compact(largest_B >= threshold, k, start)
