@@ -9,7 +9,7 @@ import optax
 import pytest
 
 import jaxdist as jd
-from jaxdist import runtime
+from jaxdist import comm, runtime
 from jaxdist.train import step as step_lib
 
 STEPS = 3
@@ -375,3 +375,39 @@ def test_eval_step_evaluates_the_mean_of_the_workers_weights():
   assert np.isfinite(float(got['loss']))
   np.testing.assert_allclose(float(got['loss']), float(np.sum(loss)), rtol=1e-5)
   assert float(got['correct']) == float(np.sum(np.argmax(logits, -1) == y))
+
+
+@pytest.mark.parametrize('tx_name, words', [('allreduce', 3), ('topk_ef', 6)])
+def test_the_metrics_cross_devices_in_one_gather_beside_the_chains_own_collectives(tx_name, words):
+  # words per worker: loss, accuracy and one count per transfer (one here); Top-k's chain adds
+  # its probes, norms (2) and gains (1)
+  model = jd.models.get('mlp', num_classes=10)
+  workers = runtime.layout(8, devices=8)
+  tx = _txs(workers)[tx_name]
+  state = step_lib.make_init(model, tx, workers, (8, 8, 1))(jax.random.key(0))
+  rng = np.random.default_rng(1)
+  x = rng.standard_normal((8, PER_WORKER, 8, 8, 1), dtype=np.float32)
+  y = rng.integers(0, 10, (8, PER_WORKER)).astype(np.int32)
+  one = lambda p, ms, x, y: step_lib.loss_fn(model, p, ms, x, y, True)
+  losses, (logits, _) = jax.vmap(one)(state.params, state.model_state, x, y)
+  accuracy = np.mean(np.argmax(np.asarray(logits), -1) == y)
+  x, y = (jax.device_put(a, workers.sharding) for a in (x, y))
+  step = step_lib.make_train_step(model, tx, workers)
+  found = comm.hlo.collectives(step.lower(state, x, y).compile().as_text())
+  state, metrics = step(state, x, y)
+
+  metric_gathers = [c for c in found if c.dtypes == ('u32',)]
+  assert [(c.kind, c.nbytes) for c in metric_gathers] == [('all-gather', 4 * words)]
+  (ran,) = comm.find_transfers(state.opt_state)  # the chain's: nothing else crosses a device
+  chain = [c for c in found if c not in metric_gathers]
+  assert {c.kind for c in chain} == {ran.kind}  # Top-k: values and indices, gathered apart
+  assert sum(c.nbytes for c in chain) == ran.nbytes
+  # the numbers are the per-worker ones, unpacked: hand-computed loss and accuracy, exact counts
+  np.testing.assert_allclose(metrics['loss'], np.mean(np.asarray(losses)), rtol=1e-6)
+  np.testing.assert_allclose(metrics['accuracy'], accuracy, rtol=1e-6)
+  assert [int(w) for w in metrics['wire']] == [8]  # each of the 8 workers ran it once
+  if tx_name == 'topk_ef':
+    (probed,) = [s for s in state.opt_state if isinstance(s, jd.sync.CompressedState)]
+    np.testing.assert_array_equal(metrics['norms'], np.asarray(probed.norms))
+    np.testing.assert_array_equal(metrics['gains'], np.asarray(probed.gains))
+    assert np.all(np.asarray(probed.norms) > 0)

@@ -241,7 +241,8 @@ def make_train_step(
   examples, with `counted`); with a compressed all-reduce in the chain,
   each worker's `norms` and `gains` (its `CompressedState`); and
   `wire`: for each `Transfer` in the optimizer state (in tree order), how many
-  times it ran this step summed over workers.
+  times it ran this step summed over workers. The per-worker figures cross
+  the devices in one all-gather, beside the chain's own collectives.
   """
 
   def accuracy_of(logits, y, *count):
@@ -377,18 +378,21 @@ def make_train_step(
     if split and comm.find_transfers(state.opt_state[1]):
       raise ValueError("a SplitChain's device part runs once per device: it must not communicate")
     state, per_worker = mapped(state, x, y, tx_args, *extra)
-    counts = extra[:1]
+    parts = _parts(state.opt_state, workers.per_device if one_model else 1, split)
+    wire = [[t.count for t in comm.find_transfers(part)] for part, _ in parts]
+    # every per-worker figure replicated by one all-gather, not one collective each
+    per_worker, counts, wire, probes = _replicated_together(
+      (per_worker, extra[:1], wire, _probes(state.opt_state)), workers.replicated
+    )
     if counts:  # a mean over examples: workers weighted by their batches
       w = counts[0].astype(jnp.float32) / jnp.maximum(jnp.sum(counts[0]), 1)
       metrics = {k: jnp.sum(v * w) for k, v in per_worker.items()}
     else:
       metrics = {k: jnp.mean(v) for k, v in per_worker.items()}
     metrics['wire'] = tuple(
-      jnp.sum(t.count) * runs
-      for part, runs in _parts(state.opt_state, workers.per_device if one_model else 1, split)
-      for t in comm.find_transfers(part)
+      jnp.sum(c) * runs for cs, (_, runs) in zip(wire, parts, strict=True) for c in cs
     )
-    metrics.update(_probes(state.opt_state))
+    metrics.update(probes)
     return state, metrics
 
   return jax.jit(
@@ -599,6 +603,36 @@ def _parts(opt_state, runs: int, split: bool) -> list[tuple[Any, int]]:
   order: a device's transfer runs once per worker (`runs`), a worker's once (a split
   chain's first part)."""
   return [(opt_state[0], 1), (opt_state[1], runs)] if split else [(opt_state, runs)]
+
+
+def _replicated_together(tree, replicated):
+  """`tree`'s arrays (each sharded over its leading axis) replicated, by one all-gather per
+  leading size: their 32-bit words side by side in one [leading, words] array (other
+  arrays, and scalars, are left to XLA).
+
+  Reduced apart, the step's metrics were up to four collectives (the mean loss and
+  accuracy, the summed transfer counts, the gathered norms and gains): XLA combines
+  all-reduces, not an all-reduce with all-gathers. On the CPU each collective is a
+  rendezvous of all the devices' threads; the digits CNN's step with Top-k (8 devices, 2
+  cores of issue 14) took 19.9 ms with them and 17.3 ms with one gather, side by side in
+  one process (`experiments/bench_peers.py` gives the run's figures).
+  """
+  leaves, treedef = jax.tree.flatten(tree)
+  groups: dict[int, list[int]] = {}
+  for i, a in enumerate(leaves):
+    if a.ndim and a.dtype.itemsize == 4:
+      groups.setdefault(a.shape[0], []).append(i)
+  out = list(leaves)
+  for lead, members in groups.items():
+    words = [jax.lax.bitcast_convert_type(leaves[i], jnp.uint32).reshape(lead, -1) for i in members]
+    packed = jax.lax.with_sharding_constraint(jnp.concatenate(words, axis=1), replicated)
+    start = 0
+    for i, w in zip(members, words, strict=True):
+      a = leaves[i]
+      part = packed[:, start : start + w.shape[1]].reshape(a.shape)
+      out[i] = jax.lax.bitcast_convert_type(part, a.dtype)
+      start += w.shape[1]
+  return jax.tree.unflatten(treedef, out)
 
 
 def _probes(opt_state) -> dict[str, jax.Array]:
