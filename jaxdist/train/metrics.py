@@ -16,8 +16,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import tensorboardX
+from tensorboardX.proto import summary_pb2
 
 METRICS_FILE = 'metrics.jsonl'
+# Events tensorboardX holds before `write` waits for its writer thread (its default: 10).
+TENSORBOARD_QUEUE = 1000
 # Fields that hold wall-clock measurements (or derive from them): they differ from run to run.
 TIMING_PREFIXES = ('step_s', 'modelled_s@')
 
@@ -78,7 +81,14 @@ class MetricsWriter:
     write_atomic(self.path, ''.join(json.dumps(r) + '\n' for r in kept))
     self._file = open(self.path, 'a')  # noqa: SIM115 - lives as long as the writer
     self._tb = tensorboardX.SummaryWriter(
-      os.path.join(workdir, 'tensorboard'), purge_step=resume_step + 1 if resume_step else None
+      os.path.join(workdir, 'tensorboard'),
+      purge_step=resume_step + 1 if resume_step else None,
+      max_queue=TENSORBOARD_QUEUE,
+      # tensorboardX names its file by the second it opened it, and overwrites a file of that
+      # name: a run resumed within the second would erase the events before it. The resume step
+      # (zero-padded: TensorBoard reads a directory's files in name order) and the pid tell the
+      # files apart.
+      filename_suffix=f'.from{resume_step:09d}.{os.getpid()}',
     )
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
@@ -86,9 +96,13 @@ class MetricsWriter:
       return
     record = {'step': int(step), **{k: _plain(v) for k, v in scalars.items()}}
     self._file.write(json.dumps(record) + '\n')
-    for key, value in record.items():
-      if key != 'step' and isinstance(value, (int, float)):
-        self._tb.add_scalar(tensorboard_tag(key), value, step)
+    values = [
+      summary_pb2.Summary.Value(tag=tensorboard_tag(key), simple_value=float(value))
+      for key, value in record.items()
+      if key != 'step' and isinstance(value, (int, float))
+    ]
+    # one event per step holding every scalar (add_scalar would send one event per scalar)
+    self._tb.file_writer.add_summary(summary_pb2.Summary(value=values), step)
 
   def flush(self) -> None:
     """Makes every record written so far durable (before a checkpoint commits)."""
