@@ -32,8 +32,9 @@ def _scalars(events) -> dict[int, dict[str, float]]:
   out: dict[int, dict[str, float]] = {}
   for e in events:
     for v in e.summary.value:
-      assert v.tag not in out.setdefault(e.step, {}), f'{v.tag} twice at step {e.step}'
-      out[e.step][v.tag] = v.simple_value
+      step = out.setdefault(e.step, {})
+      assert v.tag not in step, f'{v.tag} twice at step {e.step}'
+      step[v.tag] = v.simple_value
   return out
 
 
@@ -71,9 +72,9 @@ def test_a_resume_in_the_same_second_keeps_the_first_file_and_purges_from_its_st
 
   before, after = (_events(p) for p in _files(tmp_path))
   assert _scalars(before) == {s: {'loss': float(s)} for s in range(1, 6)}
-  starts = [e.step for e in after if e.HasField('session_log')]
-  assert starts == [4]  # TensorBoard drops the earlier file's events from step 4 on
-  assert [e.session_log.status for e in after if e.HasField('session_log')] == [1]  # START
+  # TensorBoard drops the earlier file's events from step 4 on: one START (1) at step 4
+  logs = [(e.step, e.session_log.status) for e in after if e.HasField('session_log')]
+  assert logs == [(4, 1)]
   assert _scalars(after) == {4: {'loss': 40.0}}
   logged = metrics.read_jsonl(str(tmp_path / metrics.METRICS_FILE))
   assert logged == [{'step': s, 'loss': float(s)} for s in (1, 2, 3)] + [{'step': 4, 'loss': 40.0}]
