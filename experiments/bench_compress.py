@@ -11,8 +11,16 @@ reported, which keeps a noisy machine's drift out of the ratios.
 Before and after (issue 14), side by side in the same rounds: rows marked
 `before` run the implementations of commit d9014e4 (copied below: QSGD and
 TernGrad drawing their coins with `jax.random.bernoulli`, threefry; DGC with
-`lax.top_k` of the sample, an abs of x and `jnp.nonzero`); DGC's payload is
-checked equal to its `before` payload at every size. Rows `coins ...` are
+`lax.top_k` of the sample, an abs of x and `jnp.nonzero`, over contiguous
+bins). DGC's bins are strided since 2026-11-24, so its payload is no longer
+the `before` one: at every size it is checked equal to a direct formulation
+of its rule (`_dgc_direct`: a padded |x| reshaped into rows, `argmax` down
+the rows, `jnp.nonzero`). With `--gradient_models` a fourth table says what
+the two layouts send on real gradients (the flattened gradient of each model
+at 0, 50 and 200 steps of SGD with momentum, batch 128, on the bundled digits
+for the CNN and synthetic CIFAR shapes otherwise): the share of the k slots
+filled and of exact Top-k's energy (sum of squares) kept, averaged over 3
+keys. Rows `coins ...` are
 the same QSGD / TernGrad with other coin widths (`jd.compress.with_rng_bits`),
 and rows `no coins (rounded)` the same work with the coins replaced by
 rounding half up (biased; timed only): the coins' share of QSGD's and
@@ -68,6 +76,10 @@ flags.DEFINE_bool('prng', True, "Also time the random bits alone, for each of JA
 flags.DEFINE_bool(
   'compaction', True, "Also time the sparsifiers' compaction alone: packed words and before."
 )
+flags.DEFINE_list(
+  'gradient_models', ['cnn', 'resnet20'], "Models whose gradients show what DGC's bins send."
+)
+flags.DEFINE_list('gradient_steps', ['0', '50', '200'], 'Training steps at which to take them.')
 flags.DEFINE_string('results', None, 'Also write the tables as markdown here, with the command.')
 
 
@@ -158,6 +170,96 @@ def _before_classes(jd):
       return _gather(x, chosen * width + at, valid), state
 
   return QSGDBefore, TernGradBefore, DGCBefore
+
+
+def _dgc_direct(jd):
+  """DGC's rule written directly (strided bins, `argmax`, `jnp.nonzero`): the reference."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+
+  from jaxdist.compress.sparsify import _gather
+
+  class DGCDirect(jd.compress.DGC):
+    def encode(self, x, state, key):
+      n, k = x.size, self.kept(x.size)
+      sample_key, start_key = jax.random.split(key)
+      s = min(n, max(self.min_sample, min(self.max_sample, int(n * self.sample_ratio))))
+      sample = jnp.abs(x[jax.random.randint(sample_key, (s,), 0, n)])
+      threshold = lax.top_k(sample, max(1, round(s * k / n)))[0][-1]
+      bins = min(n, self.bins_per_k * k)
+      rows = -(-n // bins)
+      a = jnp.abs(x)
+      a = jnp.pad(jnp.where(jnp.isnan(a), -1.0, a), (0, rows * bins - n), constant_values=-1.0)
+      a = a.reshape(rows, bins)  # bin j is column j: x[j], x[j + bins], ...
+      largest, row = jnp.max(a, axis=0), jnp.argmax(a, axis=0)
+      start = jax.random.randint(start_key, (), 0, bins)
+      rolled = jnp.roll(largest >= threshold, -start)
+      (at,) = jnp.nonzero(rolled, size=k, fill_value=0)
+      valid = jnp.arange(k) < jnp.sum(rolled)
+      chosen = (at + start) % bins
+      return _gather(x, row[chosen] * bins + chosen, valid), state
+
+  return DGCDirect
+
+
+def _model_gradients(jd, name: str, steps: list[int]) -> dict:
+  """step -> the flattened float32 gradient of model `name` after that many SGD steps."""
+  import jax
+  import numpy as np
+  import optax
+  from jax.flatten_util import ravel_pytree
+
+  data = jd.data.load('digits') if name in ('cnn', 'mlp') else jd.data.synthetic(train_size=1024)
+  model = jd.models.get(name, data.num_classes)
+  images, labels = data.normalize(data.train.images), data.train.labels
+  params = model.init(jax.random.key(0), images[:2])
+
+  def loss(p, x, y):
+    return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
+
+  opt = optax.sgd(0.05, momentum=0.9)
+  grad, state, rng, out = jax.jit(jax.grad(loss)), opt.init(params), np.random.default_rng(0), {}
+  for step in range(max(steps) + 1):
+    batch = rng.choice(len(images), 128, replace=False)
+    g = grad(params, images[batch], labels[batch])
+    if step in steps:
+      out[step] = np.asarray(ravel_pytree(g)[0], np.float32)
+    updates, state = opt.update(g, state, params)
+    params = optax.apply_updates(params, updates)
+  return out
+
+
+def _bins_rows(jd, models: list[str], steps: list[int]) -> list[dict]:
+  """What DGC sends on model gradients, strided bins (now) against contiguous (before)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  _, _, dgc_before = _before_classes(jd)
+  rows = []
+  for name in models:
+    for step, g in _model_gradients(jd, name, steps).items():
+      n = g.size
+      top = np.sort(np.abs(g).astype(np.float64))
+      for ratio in (0.01, 0.001):
+        row = {'model': name, 'n': f'{n:,}', 'step': step, 'ratio': ratio}
+        for label, c in (
+          ('now', jd.compress.dgc(ratio=ratio)),
+          ('before', dgc_before(ratio=ratio)),
+        ):
+          k = c.kept(n)
+          energy = np.sum(top[-k:] ** 2)
+          encode = jax.jit(lambda v, key, c=c, n=n: c.encode(v, c.init(n), key)[0])
+          filled, kept = [], []
+          for seed in range(3):
+            values, idx = (np.asarray(a) for a in encode(jnp.asarray(g), jax.random.key(seed)))
+            filled.append(np.mean(idx < n))
+            kept.append(np.sum(values.astype(np.float64) ** 2) / energy)
+          row[f'filled_{label}'] = f'{np.mean(filled):.0%}'
+          row[f'kept_{label}'] = f'{np.mean(kept):.0%}'
+        rows.append(row)
+  return rows
 
 
 def _candidates(jd, tau: float, ratio: float, before: bool):
@@ -386,15 +488,16 @@ def main(argv):
         row['vs_artopk'] = f'{artopk / (ring * dense):.4g}x'
       funcs[label] = (fn, args, row)
 
-    if FLAGS.before:  # the new DGC must send what the old one sent
-      dgcs = dict(_candidates(jd, tau, FLAGS.ratio, True))
-      payloads = [
-        jax.jit(lambda v, k, c=dgcs[name], n=n: c.encode(v, c.init(n), k)[0])(x, key)
-        for name in ('dgc', 'dgc before')
-      ]
-      same = all(np.array_equal(a, b) for a, b in zip(*payloads, strict=True))
-      notes.append(f'n={n:,}: dgc payload equals dgc before: {"yes" if same else "NO"}')
-      print(notes[-1])
+    # DGC must send what its rule, written directly, sends
+    payloads = [
+      jax.jit(lambda v, k, c=c, n=n: c.encode(v, c.init(n), k)[0])(x, key)
+      for c in (jd.compress.dgc(ratio=FLAGS.ratio), _dgc_direct(jd)(ratio=FLAGS.ratio))
+    ]
+    same = all(np.array_equal(a, b) for a, b in zip(*payloads, strict=True))
+    notes.append(
+      f'n={n:,}: dgc payload equals its rule written directly: {"yes" if same else "NO"}'
+    )
+    print(notes[-1])
 
     if FLAGS.prng:
       p = jax.device_put(np.random.default_rng(1).random(n, dtype=np.float32))
@@ -487,6 +590,20 @@ def main(argv):
   if compact_rows:
     print()
     print(report.table(compact_rows, compact_columns))
+  bins_rows = _bins_rows(jd, FLAGS.gradient_models, [int(s) for s in FLAGS.gradient_steps])
+  bins_columns = [
+    ('model', "DGC's bins on gradients"),
+    ('n', 'n'),
+    ('step', 'step'),
+    ('ratio', 'ratio'),
+    ('filled_now', 'slots filled (strided)'),
+    ('filled_before', 'slots filled (contiguous, before)'),
+    ('kept_now', 'top-k energy kept (strided)'),
+    ('kept_before', 'top-k energy kept (contiguous, before)'),
+  ]
+  if bins_rows:
+    print()
+    print(report.table(bins_rows, bins_columns))
 
   largest = max(int(s) for s in FLAGS.sizes)
   verdicts = []
@@ -536,6 +653,8 @@ def main(argv):
       text += [report.markdown(prng_rows, prng_columns), '']
     if compact_rows:
       text += [report.markdown(compact_rows, compact_columns), '']
+    if bins_rows:
+      text += [report.markdown(bins_rows, bins_columns), '']
     text += [f'- {line}' for line in notes + verdicts]
     with open(FLAGS.results, 'w') as f:
       f.write('\n'.join(text) + '\n')

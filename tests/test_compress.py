@@ -225,19 +225,73 @@ def test_top_k_bisect_reads_a_short_last_bin_without_the_bin_before():
 
 
 @pytest.mark.parametrize('key', [0, 1, 2])
-def test_dgc_sends_each_bins_first_largest_including_a_short_last_bin(key):
-  # 1,003 floats, k = 22 bins of 46 (bins_per_k=1): the last bin is 966-1002 (37 elements),
-  # read as the window 957-1002. Zeros but three spikes, so the sampled threshold is 0, every
-  # bin passes and all 22 are sent: each bin's first largest |x|, a lossless payload here.
+def test_dgc_sends_each_strided_bins_first_largest_including_a_short_last_row(key):
+  # 1,003 floats, k = 22 bins (bins_per_k=1): bin j holds x[j], x[j + 22], ...; 45 full rows
+  # (0-989) and a short last row 990-1002 (bins 0-12). Zeros but five spikes, so the sampled
+  # threshold is 0, every bin passes and all 22 are sent: each bin's first largest |x|.
   x = np.zeros(1003, np.float32)
-  x[[10, 960, 1000]] = [2.0, 3.0, -3.0]  # bins 0, 20 (inside the last bin's window), 21
+  x[[10, 1000]] = [2.0, -3.0]  # bin 10: the short last row's -3 beats row 0's 2
+  x[960] = 3.0  # bin 14, row 43
+  x[[3 + 22 * 7, 3 + 22 * 30]] = [1.5, -1.5]  # bin 3: a tie, the earlier row's is sent
   c = C.dgc(k=22, bins_per_k=1)
   (values, idx), _ = jax.jit(c.encode)(jnp.asarray(x), None, jax.random.key(key))
-  want = sorted({b * 46 for b in range(22)} - {0, 20 * 46, 21 * 46} | {10, 960, 1000})
+  want = sorted(set(range(22)) - {3, 10, 14} | {157, 960, 1000})
   order = np.argsort(np.asarray(idx))
   np.testing.assert_array_equal(np.asarray(idx)[order], want)
   np.testing.assert_array_equal(np.asarray(values)[order], x[want])
-  np.testing.assert_array_equal(np.asarray(c.decode((values, idx), None, 1003)), x)
+  residual = x.copy()
+  residual[want] = 0  # what stays behind for error feedback: the 2 and the later tie
+  np.testing.assert_array_equal(x - np.asarray(c.decode((values, idx), None, 1003)), residual)
+  assert residual[10] == 2.0 and residual[3 + 22 * 30] == -1.5
+
+
+def _strided_bins(x: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
+  """(largest |x|, first position holding it) of each strided bin, by NumPy; NaN counts as -1."""
+  rows = -(-x.size // bins)
+  a = np.full(rows * bins, -1.0)
+  a[: x.size] = np.where(np.isnan(x), -1.0, np.abs(x))
+  a = a.reshape(rows, bins)
+  return a.max(axis=0), a.argmax(axis=0) * bins + np.arange(bins)
+
+
+@pytest.mark.parametrize(
+  'n, kw',
+  [
+    (10_000, dict(ratio=0.01)),  # 50 rows: one chain
+    (100_003, dict(ratio=0.001)),  # 500 rows and a short one: super-rows of 8 rows
+    (30_011, dict(ratio=0.0003, bins_per_k=3)),  # 1,111 rows of 27
+    (12_305, dict(k=1)),  # 6,152 rows of 2 and a short one: the loop over runs of rows
+    (5, dict(k=3)),  # one row
+  ],
+)
+def test_dgc_payload_against_numpy(n, kw):
+  """Every sent position is its bin's first largest, each bin at most once; below capacity,
+  every bin left out is smaller than every bin sent (one threshold explains the payload)."""
+  c = C.dgc(**kw)
+  k = c.kept(n)
+  bins = min(n, c.bins_per_k * k)
+  rng = np.random.default_rng(n)
+  cases = {
+    'normal': rng.standard_normal(n),
+    'ties': np.round(rng.standard_normal(n) * 2),
+    'run': np.where(np.arange(n) // 50 == 3, 30.0, 1.0) * rng.standard_normal(n),
+    'nan': np.where(np.isin(np.arange(n), [0, n // 2, n - 1]), np.nan, rng.standard_normal(n)),
+  }
+  encode = jax.jit(lambda v, key: c.encode(v, None, key)[0])
+  for kind, x in cases.items():
+    x = x.astype(np.float32)
+    largest, first = _strided_bins(x, bins)
+    for seed in range(2):
+      values, idx = (np.asarray(a) for a in encode(jnp.asarray(x), jax.random.key(seed)))
+      sent = idx[idx < n]
+      # a NaN drawn into the sample makes the threshold NaN, and then nothing is sent
+      assert (sent.size > 0 or kind == 'nan') and len(set(sent % bins)) == sent.size, (kind, seed)
+      np.testing.assert_array_equal(sent, first[sent % bins], err_msg=f'{kind}, seed {seed}')
+      np.testing.assert_array_equal(values[idx < n], x[sent])
+      assert np.all(values[idx == n] == 0)
+      if 0 < sent.size < k:
+        left_out = np.setdiff1d(np.arange(bins), sent % bins)
+        assert largest[left_out].max(initial=-1) < largest[sent % bins].min(), (kind, seed)
 
 
 @pytest.mark.parametrize('n', [1, 31, 32, 33, 1025, 100_003])

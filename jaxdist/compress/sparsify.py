@@ -193,40 +193,87 @@ def _first_k_largest(bits: jax.Array, k: int) -> jax.Array:
   return _compact_counted(above_N | (tied_N & (pos_N < cut)), k)[0]
 
 
-def _bin_maxima(x: jax.Array, width: int, smallest: bool = False) -> jax.Array:
-  """The maximum (or minimum) of each bin of `width` consecutive floats of x, from position 0.
+FOLD_CHAIN = 64  # rows folded in one unrolled chain of selects; more go through partial results
 
-  ceil(n / width) bins; the last may be short. Where `width` divides x, a
-  reshape and a row reduction; otherwise a strided `reduce_window`, whose
-  padding never wins. Not a padded copy of x reshaped into rows: on XLA's
-  CPU backend that made every later read of the rows several times slower
-  (see `_bin_rows`).
+
+def _keep_larger(largest, label, value, value_label, ties_by_label=False):
+  """(largest, label) after offering `value`: a larger one wins; ties keep the earlier offer,
+  or with `ties_by_label` the smaller label."""
+  wins = value > largest
+  if ties_by_label:
+    wins = wins | ((value == largest) & (value_label < label))
+  return jnp.where(wins, value, largest), jnp.where(wins, value_label, label)
+
+
+def _fold_rows(v: jax.Array, width: int, of=lambda v: v) -> tuple[jax.Array, jax.Array]:
+  """(largest[width], row[width]): `of` of v's rows of `width`, column by column, first on ties.
+
+  Row r is v[r width : (r + 1) width]. Each row is a 1-D slice of v and the
+  rows an unrolled chain of selects, which XLA fuses into one read of v (on
+  XLA's CPU backend, a slice of v reshaped into rows was written out first,
+  and so was `of` applied to all of v at once; chains much longer than
+  `FOLD_CHAIN` compiled for seconds and ran slowly). Above `FOLD_CHAIN` rows,
+  runs of c rows are folded as at most `FOLD_CHAIN` super-rows of c·width
+  first, then the c rows of their result, ties to the smaller row. Above
+  `FOLD_CHAIN`^2 rows (thin rows: k below about n/2000), a loop folds runs
+  of `FOLD_CHAIN` rows: a third level of super-rows made XLA recompute the
+  second in every consumer (18 s for 4,097 rows of 20).
+  """
+  rows = v.size // width
+  largest = jnp.full((width,), -1, v.dtype)
+  row = jnp.zeros((width,), jnp.int32)
+  done = 0
+  if rows > FOLD_CHAIN**2:
+    runs = rows // FOLD_CHAIN
+
+    def run(i, carry):
+      block = lax.dynamic_slice_in_dim(v, i * FOLD_CHAIN * width, FOLD_CHAIN * width)
+      for r in range(FOLD_CHAIN):
+        carry = _keep_larger(*carry, of(block[r * width : (r + 1) * width]), i * FOLD_CHAIN + r)
+      return carry
+
+    largest, row = lax.fori_loop(0, runs, run, (largest, row))
+    done = runs * FOLD_CHAIN
+  elif rows > FOLD_CHAIN:
+    c = -(-rows // FOLD_CHAIN)
+    span = c * width
+    part = jnp.full((span,), -1, v.dtype)
+    super_row = jnp.zeros((span,), jnp.int32)
+    for s in range(rows // c):
+      part, super_row = _keep_larger(part, super_row, of(v[s * span : (s + 1) * span]), s)
+    part_row = super_row * c + jnp.repeat(lax.iota(jnp.int32, c), width)  # row s·c + i
+
+    def larger(a, b):
+      wins = (b[0] > a[0]) | ((b[0] == a[0]) & (b[1] < a[1]))
+      return jnp.where(wins, b[0], a[0]), jnp.where(wins, b[1], a[1])
+
+    largest, row = lax.reduce(
+      (part.reshape(c, width), part_row.reshape(c, width)),
+      (jnp.asarray(-1, v.dtype), jnp.int32(0)),
+      larger,
+      (0,),
+    )
+    done = rows // c * c
+  for r in range(done, rows):
+    largest, row = _keep_larger(largest, row, of(v[r * width : (r + 1) * width]), r)
+  return largest, row
+
+
+def _strided_first_largest(x: jax.Array, bins: int) -> tuple[jax.Array, jax.Array]:
+  """(largest[bins], row[bins]): each strided bin's largest |x| and the first row holding it.
+
+  Bin j holds x[j], x[j + bins], x[j + 2 bins], ...: row r is x[r bins :
+  (r + 1) bins], and the last row may be short. One read of x, vectorised
+  across bins (`_fold_rows`). NaN never ranks as a largest; a bin with
+  nothing else reads largest -1.
   """
   n = x.size
-  if n % width == 0:
-    rows = x.reshape(n // width, width)
-    return jnp.min(rows, axis=1) if smallest else jnp.max(rows, axis=1)
-  init, op = (jnp.inf, lax.min) if smallest else (-jnp.inf, lax.max)
-  return lax.reduce_window(x, jnp.asarray(init, x.dtype), op, (width,), (width,), [(0, -n % width)])
-
-
-def _bin_rows(x: jax.Array, rows: jax.Array, width: int, fill) -> tuple[jax.Array, jax.Array]:
-  """(elements[K, width], starts[K]): bins `rows` of x (bins of `width` from position 0).
-
-  Bin b's element j is x[starts[b] + j]. Where `width` divides x, rows of
-  the reshaped x (starts b · width). Otherwise each bin is read as a window
-  of x; the last bin, which is short, as the window that ends at x's end,
-  with the elements before the bin read as `fill`. On the CPU of issue 14,
-  gathering rows of a padded copy of x instead (10M floats, rows of 51)
-  took about ten memory passes where rows of an exact reshape took one.
-  """
-  n = x.size
-  if n % width == 0:
-    return x.reshape(n // width, width).at[rows].get(mode='promise_in_bounds'), rows * width
-  starts = jnp.minimum(rows * width, n - width)
-  windows = jax.vmap(lambda s: lax.dynamic_slice(x, (s,), (width,)))(starts)
-  inside = starts[:, None] + lax.iota(starts.dtype, width) >= (rows * width)[:, None]
-  return jnp.where(inside, windows, jnp.asarray(fill, x.dtype)), starts
+  full, tail = divmod(n, bins)
+  largest, row = _fold_rows(x[: full * bins] if tail else x, bins, jnp.abs)
+  if tail:
+    last = jnp.pad(jnp.abs(x[full * bins :]), (0, bins - tail), constant_values=-1)
+    largest, row = _keep_larger(largest, row, last, full)
+  return largest, row
 
 
 def _dividing_width(n: int, width: int) -> int:
@@ -263,8 +310,9 @@ def top_k_bisect(a: jax.Array, k: int, width: int | None = None) -> jax.Array:
   a third level (bins of bin maxima), 2-5 bits per counting pass, and
   compaction by scattering each held position to its slot. Where the width
   does not divide n, x is padded (1M + 3 floats: 4.3 against 2.3 ms at 1M);
-  DGC's windows of x instead of padded rows (`_bin_rows`) were slower here
-  (5.8 ms), and so was `_bin_maxima`'s reduce_window (4.7 ms). At 151K
+  windows of x instead of padded rows (as DGC's contiguous bins read them
+  until 2026-11-24) were slower here (5.8 ms), and so was a strided
+  reduce_window for the maxima (4.7 ms). At 151K
   floats on one device (0.58 ms) the two bisections are about half the time,
   and each pass over 15K bin maxima costs what XLA's CPU runtime spends per
   kernel (about 4 us an iteration, 6 kernels), not the counting. Tried there
@@ -486,39 +534,38 @@ class DGC(_Sparsifier):
 
   Departure from DGC, for a fixed-shape payload at near memory speed:
   instead of compacting every element above the threshold (and re-sampling
-  when the count is off), x is cut into `bins_per_k`·k contiguous bins, and
-  each bin offers only its largest element; the first k bins (from a random
-  start) whose largest passes the threshold are sent. Elements that lose to
-  a larger one in their bin stay in the error-feedback residual.
+  when the count is off), x is cut into B = `bins_per_k`·k strided bins (bin
+  j holds x[j], x[j + B], x[j + 2B], ...), and each bin offers only its
+  largest |x| (the first, on ties); the first k bins (from a random start)
+  whose largest passes the threshold are sent. Elements that lose to a
+  larger one in their bin stay in the error-feedback residual.
 
-  Cost (encode + decode, 10M floats, 1%): 2.9-3.9 memory passes on the
-  2-core CPU of issue 14 (its runs vary that much), down from 6: a read of x
-  for the bins' max |x| (max and min, in place; ~0.65), a gather of the k
-  chosen bins' rows to find where their largest sits (XLA's CPU gather;
-  ~0.75-1), the decode's dense write (~0.8), and small kernels (the sample's
-  k-th largest by bisection of its bit patterns instead of top_k's sort,
-  0.17; the compaction of 2k bins into k slots by population counts of
-  packed words, ~0.25). Where the bins' width does not divide n, as for
-  most gradients, the maxima come from a strided `reduce_window` and the
-  chosen bins are read as windows of x (`_bin_rows`): 4.3 passes at
-  10,000,019 floats, where padding x into rows took 11-15. The payload is
-  the same as the direct formulation's
-  (top_k, abs, `jnp.nonzero`). Tried there for the same payload, timed in
-  turns with this one in one process (3.5-3.8 passes in those runs), and
-  slower: each bin's max and first position in the one read of x (`argmax`,
-  or one variadic reduce: XLA's CPU backend runs either at 6-8 passes);
-  bins' maxima kept per sub-bin of 10-25 elements, so that a chosen bin's
-  position is found in a shorter row (3.7-4.4); the signed value read from
-  the gathered rows instead of from x (3.8-4.7). The gather and the
-  decode's scatter split into 2-4 independent parts ran no faster. Timed
-  alone at 10M floats (scratch, 2026-11-24): each bin's largest and its
-  column in one float max over keys made of |x|'s bits with the column in
-  the low 6 (approximate: ties within 64 ulps go to the first) took 5.0 ms
-  where the max and min take 1.8; the chosen rows' first position as a
-  chain of 50 selects, or an int32 min, took 2.2 and 2.7 ms against the
-  float min's 2.3. With about half of all bins chosen and spread over x,
-  the gather is a second read of x: two reads and one write are this
-  formulation's floor.
+  Why strided: large gradient elements come in runs (a layer's bias, the
+  last layer's weights), and a run inside one bin offers one element. Until
+  2026-11-24 the bins were contiguous runs of n/B elements. On the gradients
+  of the digits CNN and of ResNet-20 (synthetic CIFAR shapes) at 1%, those
+  bins filled 31-34% and 4% of the k slots and kept 35-44% and 17-36% of
+  exact Top-k's energy; strided bins fill 68-92% and keep 77-98%
+  (`experiments/dgc_bins.py`, whose table is in the README). On i.i.d.
+  values the two layouts send alike: about 1 - e^(-1/2) = 79% of the slots
+  fill with the default 2 bins per slot.
+
+  Cost (encode + decode, 10M floats, 1%, the 2-core CPU of issue 14): one
+  read of x folds each bin's largest and its row, vectorised across bins (an
+  unrolled chain of selects, ~1 memory pass); the sample's k-th largest by
+  bisection of its bit patterns instead of top_k's sort (~0.17); the
+  compaction of the 2k bins' mask into k slots by population counts of
+  packed words (~0.4); k gathers; and the decode's dense write (~1). The
+  contiguous bins needed a second, random read of x to find where in each
+  chosen bin its largest sat (3.2-3.9 passes in all, where the width did
+  not divide n 3.9-4.4); reading contiguous bins' positions in the first
+  read instead (`argmax`, a variadic reduce, or a chain of selects across
+  each bin's columns) ran at 2-8 passes for that read alone on XLA's CPU.
+  The mask and the positions come from one array of each passing bin's row
+  (else -1): with the largest and the row as two arrays, XLA fused the fold
+  into the positions' gather too, which re-read x at random for every
+  chosen bin (2.5 passes for the encode instead of 1.2). Folding rows in a
+  `fori_loop` to keep it apart ran single-threaded and was slower.
 
   Reference: Lin, Han, Mao, Wang, Dally. Deep Gradient Compression. ICLR 2018.
   https://arxiv.org/abs/1712.01887
@@ -549,22 +596,15 @@ class DGC(_Sparsifier):
     sample = jnp.abs(x[jax.random.randint(sample_key, (s,), 0, n)])
     threshold = _kth_largest(sample, max(1, round(s * k / n)))
     bins = min(n, self.bins_per_k * k)
-    width = -(-n // bins)
-    # max |x| per bin from max and min, read in place (an abs would be written out first)
-    largest_B = jnp.maximum(_bin_maxima(x, width), -_bin_maxima(x, width, smallest=True))
-    if largest_B.size < bins:  # bins past the end
-      largest_B = jnp.pad(largest_B, (0, bins - largest_B.size), constant_values=-1.0)
+    largest_B, row_B = _strided_first_largest(x, bins)
+    # one array for the mask and the positions: with two, XLA's CPU backend fused the fold into
+    # the positions' gather as well, re-reading x at random for every chosen bin
+    row_B = jnp.where(largest_B >= threshold, row_B, -1)
     start = jax.random.randint(start_key, (), 0, bins)
-    chosen_K, valid_K = _compact(largest_B >= threshold, k, start)
-    # where in each chosen bin its largest first sits (over k bins, not all of them)
-    row_K = jnp.minimum(chosen_K, bins - 1)  # invalid slots read a real bin; _gather drops them
-    rows_KxW, starts_K = _bin_rows(x, row_K, width, jnp.nan)  # NaN: never the largest's
-    top_K = largest_B.at[row_K].get(mode='promise_in_bounds')
-    # float columns (exact below 2^24) make a reduction XLA's CPU backend runs fast
-    col = jnp.float32 if width <= 1 << 24 else jnp.int32
-    col_W = jnp.arange(width, dtype=col)
-    at_K = jnp.min(jnp.where(jnp.abs(rows_KxW) == top_K[:, None], col_W, col(width)), axis=1)
-    return _gather(x, starts_K + at_K.astype(jnp.int32), valid_K), state
+    chosen_K, valid_K = _compact(row_B >= 0, k, start)
+    bin_K = jnp.minimum(chosen_K, bins - 1)  # invalid slots read a real bin; _gather drops them
+    at_K = row_B.at[bin_K].get(mode='promise_in_bounds') * bins + bin_K
+    return _gather(x, at_K, valid_K), state
 
 
 @dataclasses.dataclass(frozen=True)
