@@ -543,29 +543,33 @@ class DGC(_Sparsifier):
   Why strided: large gradient elements come in runs (a layer's bias, the
   last layer's weights), and a run inside one bin offers one element. Until
   2026-11-24 the bins were contiguous runs of n/B elements. On the gradients
-  of the digits CNN and of ResNet-20 (synthetic CIFAR shapes) at 1%, those
-  bins filled 31-34% and 4% of the k slots and kept 35-44% and 17-36% of
-  exact Top-k's energy; strided bins fill 68-92% and keep 77-98%
-  (`experiments/dgc_bins.py`, whose table is in the README). On i.i.d.
-  values the two layouts send alike: about 1 - e^(-1/2) = 79% of the slots
-  fill with the default 2 bins per slot.
+  of the digits CNN and of ResNet-20 (synthetic CIFAR shapes), at 0, 50 and
+  200 steps and ratios 1% and 0.1%, contiguous bins filled 4-37% of the k
+  slots (ResNet-20: 4-7%) and kept 10-45% of exact Top-k's energy; strided
+  bins fill 61-89% and keep 68-98% (`experiments/bench_compress.py`'s
+  gradients table, in the README). On i.i.d. values the two layouts send
+  alike: about 1 - e^(-1/2) = 79% of the slots fill with 2 bins per slot.
+  Runs longer than B still collide. A NaN never ranks as a bin's largest;
+  a NaN drawn into the sample makes the threshold NaN, and nothing is sent.
 
-  Cost (encode + decode, 10M floats, 1%, the 2-core CPU of issue 14): one
-  read of x folds each bin's largest and its row, vectorised across bins (an
-  unrolled chain of selects, ~1 memory pass); the sample's k-th largest by
-  bisection of its bit patterns instead of top_k's sort (~0.17); the
-  compaction of the 2k bins' mask into k slots by population counts of
-  packed words (~0.4); k gathers; and the decode's dense write (~1). The
-  contiguous bins needed a second, random read of x to find where in each
-  chosen bin its largest sat (3.2-3.9 passes in all, where the width did
-  not divide n 3.9-4.4); reading contiguous bins' positions in the first
-  read instead (`argmax`, a variadic reduce, or a chain of selects across
-  each bin's columns) ran at 2-8 passes for that read alone on XLA's CPU.
-  The mask and the positions come from one array of each passing bin's row
-  (else -1): with the largest and the row as two arrays, XLA fused the fold
-  into the positions' gather too, which re-read x at random for every
-  chosen bin (2.5 passes for the encode instead of 1.2). Folding rows in a
-  `fori_loop` to keep it apart ran single-threaded and was slower.
+  Cost (encode + decode, the 2-core CPU of issue 14, 1%): 2.51x a memory
+  pass at 10M floats, 2.69x at 10,000,008 and 3.00x at 1M in the README's
+  bench_compress run (the contiguous bins: 3.18x, 3.88x and 3.20x in the
+  run before). Scratch breakdown at 10M: one read of x folds each bin's
+  largest and its row, vectorised across bins (`_strided_first_largest`,
+  ~1 pass); the sample's k-th largest by bisection of its bit patterns
+  (~0.17); the compaction of the 2k bins' mask into k slots (~0.3); k
+  gathers; the decode's dense write (~1). The contiguous bins needed a
+  second, random read of x to find where in each chosen bin its largest
+  sat; finding it in the first read instead (`argmax`, a variadic reduce,
+  or a chain of selects across each bin's columns) cost 2-8 passes for that
+  read alone on XLA's CPU backend. The mask and the positions come from one
+  array of each passing bin's row (else -1): from the largest and the row
+  as two arrays, XLA fused the fold into the positions' gather too, which
+  re-read x at random for every chosen bin (encode 2.5 passes instead of
+  1.2). A `fori_loop` over the rows keeps them apart but runs its body on
+  one thread (1.6-2.2 passes for the fold). At 0.1% (500 rows of 20K at
+  10M) the encode took 1.8 passes in scratch runs, as the contiguous bins'.
 
   Reference: Lin, Han, Mao, Wang, Dally. Deep Gradient Compression. ICLR 2018.
   https://arxiv.org/abs/1712.01887
