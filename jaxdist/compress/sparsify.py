@@ -214,10 +214,10 @@ def _fold_rows(v: jax.Array, width: int, of=lambda v: v) -> tuple[jax.Array, jax
   first, then the c rows of their result by a variadic reduce, ties to the
   smaller row (a chain of selects over slices of that result made XLA write
   out each step's mask, recomputing the first fold for each: a round trip
-  of 14.8 passes at 10M floats, 0.1%, in a scratch run). Above `FOLD_CHAIN`^2 rows (thin rows: k below about
-  n/2000), a loop folds runs of `FOLD_CHAIN` rows: a third level of
-  super-rows made XLA recompute the second in every consumer (18 s for
-  4,097 rows of 20).
+  of 14.8 passes at 10M floats, 0.1%, in a scratch run). Above
+  `FOLD_CHAIN`^2 rows (thin rows: k below about n/2000), a loop folds runs
+  of `FOLD_CHAIN` rows: a third level of super-rows made XLA recompute the
+  second in every consumer (18 s for 4,097 rows of 20).
   """
   rows = v.size // width
   largest = jnp.full((width,), -1, v.dtype)
