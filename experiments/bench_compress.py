@@ -97,11 +97,35 @@ def _matrix_shape(n: int) -> tuple[int, int]:
   return min((rows, n // rows), (n // rows, rows), key=lambda s: abs(s[0] - math.sqrt(n)))
 
 
+def _sampled_threshold(dgc, x, key):
+  """(threshold, start key): DGC's sampled threshold by `lax.top_k`, as at d9014e4."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+
+  n, k = x.size, dgc.kept(x.size)
+  sample_key, start_key = jax.random.split(key)
+  s = min(n, max(dgc.min_sample, min(dgc.max_sample, int(n * dgc.sample_ratio))))
+  sample = jnp.abs(x[jax.random.randint(sample_key, (s,), 0, n)])
+  return lax.top_k(sample, max(1, round(s * k / n)))[0][-1], start_key
+
+
+def _compact_direct(mask, k, offset=0):
+  """(positions[k], valid[k]): the held positions from `offset` on, cyclically, by
+  `jnp.roll` and `jnp.nonzero` (as at d9014e4); unfilled slots hold the mask's size."""
+  import jax.numpy as jnp
+
+  n = mask.size
+  rolled = jnp.roll(mask, -offset)
+  (pos,) = jnp.nonzero(rolled, size=k, fill_value=0)
+  valid = jnp.arange(k) < jnp.sum(rolled)
+  return jnp.where(valid, (pos + offset) % n, n).astype(jnp.int32), valid
+
+
 def _before_classes(jd):
   """QSGD, TernGrad and DGC as at commit d9014e4 (before issue 14), for side-by-side rows."""
   import jax
   import jax.numpy as jnp
-  from jax import lax
 
   c = jd.compress
   from jaxdist.compress.sparsify import _gather
@@ -143,25 +167,16 @@ def _before_classes(jd):
       code = c.unpack_bits(packed, 2, n).astype(jnp.float32) - 1
       return unbucket(c.buckets(code, self.bucket_size) * scale[:, None], n)
 
-  def compact(mask, k, offset=0):
-    n = mask.size
-    rolled = jnp.roll(mask, -offset)
-    (pos,) = jnp.nonzero(rolled, size=k, fill_value=0)
-    valid = jnp.arange(k) < jnp.sum(rolled)
-    return jnp.where(valid, (pos + offset) % n, n).astype(jnp.int32), valid
-
   class DGCBefore(c.DGC):
     def encode(self, x, state, key):
       n, k = x.size, self.kept(x.size)
-      sample_key, start_key = jax.random.split(key)
-      s = min(n, max(self.min_sample, min(self.max_sample, int(n * self.sample_ratio))))
-      sample = jnp.abs(x[jax.random.randint(sample_key, (s,), 0, n)])
-      threshold = lax.top_k(sample, max(1, round(s * k / n)))[0][-1]
+      threshold, start_key = _sampled_threshold(self, x, key)
       bins = min(n, self.bins_per_k * k)
       width = -(-n // bins)
       a = jnp.pad(jnp.abs(x), (0, bins * width - n), constant_values=-1.0).reshape(bins, width)
       largest = jnp.max(a, axis=1)
-      chosen, valid = compact(largest >= threshold, k, jax.random.randint(start_key, (), 0, bins))
+      start = jax.random.randint(start_key, (), 0, bins)
+      chosen, valid = _compact_direct(largest >= threshold, k, start)
       rows = a.at[chosen].get(mode='fill', fill_value=-1.0)
       top = largest.at[chosen].get(mode='fill', fill_value=-2.0)
       at = jnp.min(
@@ -176,17 +191,13 @@ def _dgc_direct(jd):
   """DGC's rule written directly (strided bins, `argmax`, `jnp.nonzero`): the reference."""
   import jax
   import jax.numpy as jnp
-  from jax import lax
 
   from jaxdist.compress.sparsify import _gather
 
   class DGCDirect(jd.compress.DGC):
     def encode(self, x, state, key):
       n, k = x.size, self.kept(x.size)
-      sample_key, start_key = jax.random.split(key)
-      s = min(n, max(self.min_sample, min(self.max_sample, int(n * self.sample_ratio))))
-      sample = jnp.abs(x[jax.random.randint(sample_key, (s,), 0, n)])
-      threshold = lax.top_k(sample, max(1, round(s * k / n)))[0][-1]
+      threshold, start_key = _sampled_threshold(self, x, key)
       bins = min(n, self.bins_per_k * k)
       rows = -(-n // bins)
       a = jnp.abs(x)
@@ -194,10 +205,8 @@ def _dgc_direct(jd):
       a = a.reshape(rows, bins)  # bin j is column j: x[j], x[j + bins], ...
       largest, row = jnp.max(a, axis=0), jnp.argmax(a, axis=0)
       start = jax.random.randint(start_key, (), 0, bins)
-      rolled = jnp.roll(largest >= threshold, -start)
-      (at,) = jnp.nonzero(rolled, size=k, fill_value=0)
-      valid = jnp.arange(k) < jnp.sum(rolled)
-      chosen = (at + start) % bins
+      chosen, valid = _compact_direct(largest >= threshold, k, start)
+      chosen = jnp.minimum(chosen, bins - 1)  # unfilled slots read a real bin; _gather drops them
       return _gather(x, row[chosen] * bins + chosen, valid), state
 
   return DGCDirect
