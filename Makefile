@@ -5,13 +5,20 @@ PY := $(VENV)/bin/python
 WORKDIR ?= workdir/digits
 CONFIG ?= configs/digits.py
 ARGS ?=
+# Every install is the exact set of versions in the lock (the ranges in pyproject.toml are
+# what jaxdist supports; the lock is what was tested). `make lock` refreshes it.
+LOCK := requirements.lock
+PIP_VERSION := 26.3
+UV_VERSION := 0.13.9
 
-.PHONY: run test lint format bench bench-peers results clean
+.PHONY: run test lint format bench bench-peers results clean lock
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet pip==$(PIP_VERSION)
+	$(PY) -m pip install --quiet -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip check
 	touch $@
 
 venv: $(VENV)/.installed
@@ -79,6 +86,14 @@ results: $(VENV)/.installed
 	$(PY) experiments/plan.py --workdir=workdir/plan
 	cp workdir/plan/plan.md workdir/plan/plan.png experiments/results/
 	$(PY) experiments/readme_tables.py
+
+# The newest versions pyproject.toml's ranges admit (base + test extras), for every platform
+# (markers where they differ), resolved by uv; then `make test` on them before committing.
+lock:
+	$(PYTHON) -m venv workdir/lock-venv
+	workdir/lock-venv/bin/pip install --quiet uv==$(UV_VERSION)
+	workdir/lock-venv/bin/uv pip compile pyproject.toml --extra test --universal \
+	  --python-version 3.11 --fork-strategy fewest --upgrade --custom-compile-command 'make lock' -o $(LOCK)
 
 clean:
 	rm -rf $(VENV) workdir

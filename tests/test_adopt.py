@@ -287,14 +287,37 @@ def test_the_worked_example():
   expect = A.solve(
     A.fit_comm_time(A.CANDIDATES, ms), A.fit_gain(A.CANDIDATES, GAINS), low=0.0012, high=0.1
   )
-  assert s.index == expect.index
-  assert s.asf == pytest.approx(expect.asf, rel=1e-6)
+  _same_decision(s, expect)
   assert s.comm_ms == pytest.approx(ms, rel=1e-12)
   assert (s.latency_s, s.bandwidth) == (SLOW.latency, SLOW.bandwidth)
   assert (s.collective, s.algorithm) == A.comm_ms(A.CANDIDATES[2], SLOW, RESNET50, 8)[1:]
   assert math.isnan(s.prev_gain)  # a new candidate: no gain to compare with yet
   s = ctl.update(s, gain=0.3, network=SLOW)  # same network: no new solve
   assert (s.solves, s.index) == (1, 2) and s.changes == pytest.approx((0.0,), abs=0)
+
+
+def _same_decision(s, expect):
+  """The controller chose what a direct `solve` chooses, by a clear margin.
+
+  NSGA-II is stochastic: its front, hence the nadir and every ASF score, moves with the seed
+  (by up to 2% here, `test_the_decision_does_not_depend_on_the_seed`) and with the numerics
+  of numpy, scipy and moocore on the machine. The decision is compared exactly, the scores
+  to 5%, and the winner must lead the runner-up by a clear margin.
+  """
+  assert s.index == expect.index
+  assert s.asf == pytest.approx(expect.asf, rel=0.05)
+  best, runner_up = sorted(expect.asf)[:2]
+  assert runner_up - best >= 0.01, expect.asf  # a decision, not a tie within the noise
+
+
+@pytest.mark.parametrize('net', [netmodel.gbps(1, 1e-3), netmodel.gbps(25, 1e-3)])
+def test_the_decision_does_not_depend_on_the_seed(net):
+  ms = [A.comm_ms(c, net, RESNET50, 8).ms for c in A.CANDIDATES]
+  fits = A.fit_comm_time(A.CANDIDATES, ms), A.fit_gain(A.CANDIDATES, GAINS)
+  runs = [A.solve(*fits, low=0.0012, high=0.1, seed=seed) for seed in range(1, 6)]
+  assert {r.index for r in runs} == {2}  # c = 0.0111 on both networks
+  for r in runs[1:]:
+    assert r.asf == pytest.approx(runs[0].asf, rel=0.05)
 
 
 def _trained(ctl):
@@ -357,7 +380,7 @@ def test_a_network_change_during_exploration_is_solved_at_its_end():
   expect = A.solve(
     A.fit_comm_time(A.CANDIDATES, ms), A.fit_gain(A.CANDIDATES, GAINS), low=0.0012, high=0.1
   )
-  assert s.index == expect.index and s.asf == pytest.approx(expect.asf, rel=1e-6)
+  _same_decision(s, expect)
 
 
 def test_without_warmup_the_first_exploration_starts_at_init():
