@@ -222,7 +222,7 @@ COSTS = cpr.Costs(step_s=1.0, save_s=0.5, load_s=2.0, restart_s=1.0, mttf_s=100.
 
 def test_full_recovery_resumes_from_the_checkpoint():
   steps = 8
-  free = _run(cpr.Strategy('none', 'none', 1), None, steps, COSTS)
+  free = _run(cpr.Strategy('none', 'none', 0), None, steps, COSTS)
   # checkpoints after steps 3 and 6; clock: 1 2 3 (+0.5) 4.5 5.5 -> a failure at 5.2 is seen
   # after step 5 and rolls back to step 3: steps 4 and 5 run again
   trace = cpr.Failures(np.array([5.2]), np.array([6]))
@@ -260,6 +260,27 @@ def test_partial_recovery_reloads_only_the_failed_shard_and_goes_on():
   # one lost shard of 8, 4 steps of samples: PLS = 4 * 64 / (8 * 6 * 64) = lost updates
   assert run['pls'] == pytest.approx(4 / (8 * 6))
   assert run['lost_updates'] == pytest.approx(run['pls'])
+
+
+def test_no_recovery_is_the_failure_free_baseline_without_checkpoints():
+  # Young's interval √(2 · 0.5 s · 49 s) = 7 s = 7 steps of 1 s. Without failures, 20 steps:
+  # 'full' saves after steps 7 and 14 (never after the last): 20 + 2 · 0.5 = 21 s. 'none' is
+  # the baseline the overheads are fractions of: no failures, no checkpoints, 20 steps = 20 s.
+  costs = cpr.Costs(step_s=1.0, save_s=0.5, load_s=1.0, restart_s=0.5, mttf_s=49.0)
+  none, full = cpr.strategy('none', costs, 8), cpr.strategy('full', costs, 8)
+  assert (none.recovery, none.interval) == ('none', 0)  # never checkpoints
+  assert (full.recovery, full.interval) == ('full', 7)
+  no_failures = cpr.Failures(np.zeros(0), np.zeros(0, np.int64))
+  free = _run(none, None, 20, costs)  # its sampled failures are not injected
+  saved = _run(full, no_failures, 20, costs)
+  assert (free['failures'], free['full_saves'], free['interval_steps']) == (0, 0, 0)
+  assert free['checkpoint_s'] == 0.0 and free['total_s'] == pytest.approx(20.0, abs=1e-12)
+  assert free['total_overhead'] == 0.0 and free['failure_free_s'] == 20.0
+  assert (saved['failures'], saved['full_saves'], saved['interval_steps']) == (0, 2, 7)
+  assert saved['checkpoint_s'] == pytest.approx(1.0, abs=1e-12)
+  assert saved['total_s'] == pytest.approx(21.0, abs=1e-12)
+  assert saved['checkpoint_overhead'] == pytest.approx(1.0 / 20.0, abs=1e-12)
+  _finite_close(saved['state'], free['state'], tol=0)  # saving changes nothing else
 
 
 def test_every_strategy_runs_and_its_overheads_add_up():
@@ -302,6 +323,8 @@ def test_every_strategy_runs_and_its_overheads_add_up():
     (lambda: cpr.strategy('partial_mfu', cpr.Costs(), 8, fraction=1.0), 'fraction must be in'),
     (lambda: cpr.Strategy('x', 'full', 10, priority='mfu'), 'needs partial recovery'),
     (lambda: cpr.Strategy('x', 'full', 0), 'interval must be >= 1'),
+    (lambda: cpr.Strategy('x', 'none', 7), "recovery 'none' never checkpoints: interval must "
+     'be 0, got 7'),
     (lambda: cpr.shard_tables(0, 6, 4), r'num_tables \(6\) must be a multiple'),
     (lambda: clicks(rows=0), 'must be >= 1'),
     (lambda: hybrid.make_reference_step(MODEL, lr_tables=1, lr_mlp=1, optimizer='adam'),
@@ -316,7 +339,7 @@ def test_bad_input_is_a_clear_error(call, message):
 def test_bad_layout_is_a_clear_error():
   with pytest.raises(ValueError, match=r'batch_size \(60\) must be a multiple of the workers'):
     simulate.train_with_failures(
-      clicks(num_tables=TABLES, rows=ROWS, num_dense=DENSE), cpr.Strategy('none', 'none', 1),
+      clicks(num_tables=TABLES, rows=ROWS, num_dense=DENSE), cpr.Strategy('none', 'none', 0),
       COSTS, mesh=runtime.layout(8).mesh, steps=2, batch_size=60, model=MODEL,
     )  # fmt: skip
   with pytest.raises(ValueError, match='failed workers must be in'):

@@ -59,6 +59,15 @@ Readings of the paper, after the check in research/ALGORITHMS.md §4.2:
   CF, never an average.
 - The checks run at update calls window, 2·window, … from `init`; the stop rule
   needs two measured CFs.
+- One δ_min and one δ_c, as Algorithm 1 has: each E‖C(g_o)‖² is one EWMA, fed
+  the θ_min (θ_c) in force at each step and carried on when a check changes
+  θ_min (θ_c), so a new CF's first gains enter the average its predecessor
+  built (`jaxdist.train.adaptive.GraVACControl`). The authors' code does the
+  same: one tracker of the current CF's norm, made once before training and
+  never reset when the CF changes (sahiltyagi4/GraVAC,
+  gravac_py3/run/compression_throughput.py, lines 178–180, 229–233, 311, 327–330),
+  its gain a ratio of two moving averages, as here (a pandas EWM over the
+  last 25 steps there, a plain EWMA here).
 
 Reference: Tyagi & Swany. GraVAC: Adaptive Compression for Communication-
 Efficient Distributed DL Training. IEEE CLOUD 2023, pp. 319–329.

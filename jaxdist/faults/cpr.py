@@ -365,8 +365,9 @@ class Strategy:
 
   Attributes:
     name: a label for tables and plots.
-    recovery: 'none' (no failures injected), 'full' or 'partial'.
-    interval: steps between full checkpoints.
+    recovery: 'none' (the failure-free baseline: no failures injected, no
+      checkpoints), 'full' or 'partial'.
+    interval: steps between full checkpoints (>= 1); 0 with recovery 'none'.
     priority: None, 'mfu' or 'ssu': prioritised checkpoints between full ones.
     priority_every: steps between prioritised checkpoints (0: none).
     fraction: φ, the fraction of each shard's rows a prioritised checkpoint writes.
@@ -386,7 +387,11 @@ class Strategy:
       raise ValueError(f'recovery must be one of {RECOVERIES}, got {self.recovery!r}')
     if self.priority not in PRIORITIES:
       raise ValueError(f'priority must be one of {PRIORITIES}, got {self.priority!r}')
-    if self.interval < 1:
+    if self.recovery == 'none' and self.interval != 0:
+      raise ValueError(
+        f"recovery 'none' never checkpoints: interval must be 0, got {self.interval}"
+      )
+    if self.recovery != 'none' and self.interval < 1:
       raise ValueError(f'interval must be >= 1 step, got {self.interval}')
     if self.priority and self.recovery != 'partial':
       raise ValueError(f'priority {self.priority!r} needs partial recovery')
@@ -422,13 +427,16 @@ def strategy(
 ) -> Strategy:
   """The strategy called `name`, with its intervals from `costs`.
 
-  Names: 'none' (failure-free; checkpoints at Young's interval, for the
-  clock), 'full' (Young's interval), 'partial' (PLS-target interval),
-  'partial_mfu' and 'partial_ssu' (`priority_schedule` of the PLS interval).
+  Names: 'none' (the failure-free baseline: no failures, no checkpoints;
+  CPR's overheads are the time checkpoints and failures add to its time),
+  'full' (Young's interval), 'partial' (PLS-target interval), 'partial_mfu'
+  and 'partial_ssu' (`priority_schedule` of the PLS interval).
   """
+  if name == 'none':
+    return Strategy(name, 'none', 0)
   young = _steps(young_interval(costs.save_s, costs.mttf_s), costs.step_s)
-  if name in ('none', 'full'):
-    return Strategy(name, name, young)
+  if name == 'full':
+    return Strategy(name, 'full', young)
   target_s = pls_interval(pls_target, costs.mttf_s, num_shards)
   if name == 'partial':
     return Strategy(name, 'partial', _steps(target_s, costs.step_s), pls_target=pls_target)

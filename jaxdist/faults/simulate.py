@@ -5,7 +5,9 @@ steps (`jaxdist.faults.hybrid`) on the click stream, a modelled clock that
 charges each step `costs.step_s`, each checkpoint its share of `save_s`, each
 failure `restart_s` plus the load of what it restores, and the failure trace
 of `cpr.sample_failures` (the same modelled times for every strategy with
-the same `failure_seed`). After each step, every failure whose time the
+the same `failure_seed`). Recovery 'none' is the failure-free baseline:
+no failures and no checkpoints, its clock steps × step_s, the time the
+overheads are fractions of. After each step, every failure whose time the
 clock has passed happens:
 
 - full recovery: tables, MLP and data position go back to the last full
@@ -231,7 +233,7 @@ def train_with_failures(
       clock += costs.restart_s + load
       log(step, clock_s=clock, failed_worker=worker)
 
-    # checkpoints
+    # checkpoints (none without recovery, none after the last step)
     if strategy.recovery == 'none' or step == steps:
       continue
     if step % strategy.interval == 0 and step > ckpt_step:

@@ -9,7 +9,8 @@ sets the candidate of the steps to come:
 
 - 'gravac' (Tyagi & Swany, CLOUD 2023; `jd.control.gravac`): the gains of
   θ_min and θ_c, smoothed as a ratio of two EWMAs of the workers' mean
-  ‖C(w)‖² and ‖w‖², choose θ_c, θ_min or dense against ε each step, and
+  ‖C(w)‖² and ‖w‖² (one δ_min and one δ_c, as Algorithm 1's, carried on when
+  θ_min or θ_c changes), choose θ_c, θ_min or dense against ε each step, and
   every `window` steps CheckGraVAC scales the candidate with the modelled
   step time (the first network profile's `modelled_s`).
 - 'scadles' (Tyagi & Swany, BigData 2022, §IV-D): send Top-k(w) iff
@@ -195,7 +196,13 @@ class RatioControl:
 
 
 class GraVACControl(RatioControl):
-  """GraVAC: ε against smoothed gains every step, CheckGraVAC every window (module docstring)."""
+  """GraVAC: ε against smoothed gains every step, CheckGraVAC every window (module docstring).
+
+  δ_min and δ_c are one moving average each, as Algorithm 1's: `ewma` holds the
+  EWMAs of the workers' mean ‖C_θmin(w)‖², ‖C_θc(w)‖² and ‖w‖², each step fed
+  the θ_min and θ_c in force at that step, and carried on when a check changes
+  θ_min or θ_c (the new CF's gains enter the average its predecessor built).
+  """
 
   def __init__(self, config, ratios, num_workers: int, network: str):
     g = config.gravac
@@ -206,39 +213,49 @@ class GraVACControl(RatioControl):
     self.state = self.ctl.init()
     self.epsilon, self.decay, self.network = g.epsilon, g.decay, network
     self.samples = config.batch_size
-    self.sums = None  # EWMAs: [candidates] mean ‖C_r(w)‖², and mean ‖w‖²
+    self.ewma = None  # [3] float64: E mean ‖C_θmin(w)‖², E mean ‖C_θc(w)‖², E mean ‖w‖²
     super().__init__(ratios, num_workers, self.state.min_index)
 
+  @property
+  def gains(self) -> tuple[float, float]:
+    """(δ_min, δ_c): the EWMAs of ‖C_θmin(w)‖² and ‖C_θc(w)‖² over that of ‖w‖² (1 if 0)."""
+    if self.ewma is None or not self.ewma[2] > 0:
+      return 1.0, 1.0
+    return float(self.ewma[0] / self.ewma[2]), float(self.ewma[1] / self.ewma[2])
+
   def decide(self, record, norms, gains, used) -> None:
-    total = norms[:, 0].astype(np.float64)  # float64, as a checkpoint restores it
-    new = np.concatenate([(gains * total[:, None]).mean(0), [total.mean()]])
-    self.sums = new if self.sums is None else self.decay * self.sums + (1 - self.decay) * new
-    delta = self.sums[:-1] / self.sums[-1] if self.sums[-1] > 0 else np.ones(self.dense)
     s = self.state
     sent = DENSE if used == self.dense else used
     if sent not in (DENSE, s.min_index, s.cand_index):  # cannot happen: decided last step
       raise AssertionError(f'GraVAC sent grid index {sent}, neither θ_min, θ_c nor dense')
+    total = norms[:, 0].astype(np.float64)  # float64, as a checkpoint restores it
+    kept = (gains * total[:, None]).mean(0)  # per candidate: the workers' mean ‖C_r(w)‖²
+    new = np.array([kept[s.min_index], kept[s.cand_index], total.mean()])
+    self.ewma = new if self.ewma is None else self.decay * self.ewma + (1 - self.decay) * new
+    gain_min, gain_cand = self.gains
     self.state = self.ctl.update(
-      s, gain_min=float(delta[s.min_index]), gain_cand=float(delta[s.cand_index]), sent=sent,
+      s, gain_min=gain_min, gain_cand=gain_cand, sent=sent,
       step_s=float(record[f'modelled_s@{self.network}']), samples=self.samples,
     )  # fmt: skip
-    s = self.state
-    choice = choose(
-      s, gain_min=float(delta[s.min_index]), gain_cand=float(delta[s.cand_index]),
-      epsilon=self.epsilon,
-    )  # fmt: skip
+    choice = choose(self.state, gain_min=gain_min, gain_cand=gain_cand, epsilon=self.epsilon)
     self.index = self.dense if choice == DENSE else choice
 
   def to_json(self) -> dict[str, Any]:
-    sums = None if self.sums is None else self.sums.tolist()
-    return {**super().to_json(), 'gravac': checkpoint.state_to_json(self.state), 'sums': sums}
+    ewma = None if self.ewma is None else self.ewma.tolist()
+    return {**super().to_json(), 'gravac': checkpoint.state_to_json(self.state), 'ewma': ewma}
 
   def restore(self, saved: dict[str, Any]) -> None:
     if not saved:
       return
     super().restore(saved)
-    self.sums = None if saved['sums'] is None else np.asarray(saved['sums'])
     self.state = checkpoint.state_from_json(self.state, saved['gravac'])
+    ewma = saved.get('ewma')
+    if 'ewma' not in saved and saved.get('sums') is not None:
+      # a checkpoint that kept an EWMA of every candidate's ‖C_r(w)‖² (then ‖w‖², last):
+      # θ_min's and θ_c's carry on
+      sums = saved['sums']
+      ewma = [sums[self.state.min_index], sums[self.state.cand_index], sums[-1]]
+    self.ewma = None if ewma is None else np.asarray(ewma, np.float64)
 
 
 class ScaDLESControl(RatioControl):
