@@ -62,8 +62,30 @@ def test_post_local_sgd_is_bsp_during_warmup_then_local():
   run = make_run(tx)
   want = make_run(bsp(momentum=0.0)).steps(3, grads_at)
   assert_close(run.steps(3, grads_at), want)
-  run.steps(6, grads_at)
-  assert [h[0] for h in run.history] == [1, 1, 1, 1, 0, 0, 0, 1, 0]  # warm-up, then every 4th
+  run.steps(7, grads_at)
+  # warm-up (steps 0-2), then 4 local steps to each average: 3-6, 7-10
+  assert [h[0] for h in run.history] == [1, 1, 1, 0, 0, 0, 1, 0, 0, 0]
+
+
+@pytest.mark.parametrize(
+  'period, warmup, averaged',
+  [
+    (4, 0, [3, 7, 11]),  # Stich: (t + 1) mod H = 0
+    (4, 2, [0, 1, 5, 9, 13]),
+    (3, 5, [0, 1, 2, 3, 4, 7, 10, 13]),
+    (1, 2, list(range(14))),
+    # PyTorch: DDP's gradient all-reduce at steps 0, 1 (start_localSGD_iter=2), then
+    # PeriodicModelAverager(4, warmup_steps=2) after steps 2, 6, 10: step 2 averages after one
+    # local step, a third warm-up step
+    (4, 3, [0, 1, 2, 6, 10]),
+  ],
+)
+def test_post_local_sgd_counts_its_periods_from_the_end_of_the_warmup(period, warmup, averaged):
+  tx = optax.chain(optax.sgd(0.1), sync.local_sgd(period, axis_name=AX, warmup_steps=warmup))
+  run = make_run(tx, devices=1)
+  run.steps(14, grads_at)
+  assert [t for t, (ran,) in enumerate(run.history) if ran] == averaged
+  assert int(run.state[1].synced[0]) == len(averaged)
 
 
 @LAYOUTS
