@@ -24,10 +24,12 @@ class LocalSGDState(NamedTuple):
   Attributes:
     count: update calls so far. Replicated.
     synced: how many of them synchronised. Replicated.
-    anchor: the model of the last synchronisation (() without an averager).
+    anchor: the model of the last synchronisation (a copy of the model).
       Replicated.
     averager: the averager's state (() without one). Per-worker.
     wire: the dense all-reduce of the model (() with an averager). Per-worker.
+    just_synced: whether the last update synchronised, so that `anchor` is
+      the model every worker takes now. Replicated.
   """
 
   count: jax.Array
@@ -35,6 +37,7 @@ class LocalSGDState(NamedTuple):
   anchor: Any
   averager: Any
   wire: tuple
+  just_synced: jax.Array
 
 
 def local_sgd(
@@ -65,8 +68,17 @@ def local_sgd(
   synchronous: its step w is one more synchronising step, so its schedule
   is this one's with `warmup_steps=w + 1`.
 
-  Put it after the optimizer: `optax.chain(optax.sgd(0.1), local_sgd(8,
-  axis_name=...))`. Each worker's optimizer state stays its own.
+  Put it after the optimizer, last in the chain: `optax.chain(optax.sgd(0.1),
+  local_sgd(8, axis_name=...))`. Each worker's optimizer state stays its own.
+
+  After a synchronisation every worker should hold the synchronised model m.
+  The update moves worker n there as w_n + (m − w_n), which rounds: with
+  `optax.apply_updates` the workers' models differ from m, and from each
+  other, by up to an ulp of max(|w_n|, |m|) in some of the elements (it does
+  not grow: the next synchronisation starts over). `jd.sync.apply_updates(
+  params, updates, opt_state)` gives every worker m itself, bitwise, from the
+  state's `anchor`: with an averager the anchor is kept anyway; without one
+  it costs one copy of the model per worker. The library's loops use it.
 
   Args:
     period: local steps between averages (1 = average every step).
@@ -113,6 +125,7 @@ def local_sgd(
     updates, anchor, avg_state, wire = lax.cond(
       due, sync, skip, params, updates, state.anchor, state.averager, state.wire
     )
-    return updates, LocalSGDState(*_averaging.counted(state, due), anchor, avg_state, wire)
+    count, synced = _averaging.counted(state, due)
+    return updates, LocalSGDState(count, synced, anchor, avg_state, wire, due)
 
   return optax.GradientTransformation(init_fn, update_fn)
