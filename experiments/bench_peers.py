@@ -76,7 +76,9 @@ SETTINGS = {
   'optimizer.schedule': 'constant',
   'optimizer.weight_decay': 0.0,
   'optimizer.warmup_steps': 0,
-  'sync.local_sgd.warmup_steps': 10,  # was --config.sync.local_warmup=10
+  # DDP all-reduces gradients at steps 0-9 and PeriodicModelAverager(4, warmup_steps=10) averages
+  # after steps 10, 14, ...: local_sgd's schedule with 11 warm-up steps (its docstring)
+  'sync.local_sgd.warmup_steps': 11,
   'progress': False,
 }
 TARGET_DENSE_VS_DDP = 0.5  # issue 14: jaxdist's dense step at most this times DDP's

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxdist import comm, runtime
+from jaxdist import comm, runtime, sync
 
 
 class Run:
@@ -68,7 +68,7 @@ class Run:
 
     def step(grads, state, params, extra):
       updates, state = tx.update(grads, state, params, **extra)
-      return optax.apply_updates(params, updates), updates, state
+      return sync.apply_updates(params, updates, state), updates, state
 
     self.step = jax.jit(self.workers.map(step, in_axes=(0, 0, 0, 0)))
 

@@ -62,8 +62,30 @@ def test_post_local_sgd_is_bsp_during_warmup_then_local():
   run = make_run(tx)
   want = make_run(bsp(momentum=0.0)).steps(3, grads_at)
   assert_close(run.steps(3, grads_at), want)
-  run.steps(6, grads_at)
-  assert [h[0] for h in run.history] == [1, 1, 1, 1, 0, 0, 0, 1, 0]  # warm-up, then every 4th
+  run.steps(7, grads_at)
+  # warm-up (steps 0-2), then 4 local steps to each average: 3-6, 7-10
+  assert [h[0] for h in run.history] == [1, 1, 1, 0, 0, 0, 1, 0, 0, 0]
+
+
+@pytest.mark.parametrize(
+  'period, warmup, averaged',
+  [
+    (4, 0, [3, 7, 11]),  # Stich: (t + 1) mod H = 0
+    (4, 2, [0, 1, 5, 9, 13]),
+    (3, 5, [0, 1, 2, 3, 4, 7, 10, 13]),
+    (1, 2, list(range(14))),
+    # PyTorch: DDP's gradient all-reduce at steps 0, 1 (start_localSGD_iter=2), then
+    # PeriodicModelAverager(4, warmup_steps=2) after steps 2, 6, 10: step 2 averages after one
+    # local step, a third warm-up step
+    (4, 3, [0, 1, 2, 6, 10]),
+  ],
+)
+def test_post_local_sgd_counts_its_periods_from_the_end_of_the_warmup(period, warmup, averaged):
+  tx = optax.chain(optax.sgd(0.1), sync.local_sgd(period, axis_name=AX, warmup_steps=warmup))
+  run = make_run(tx, devices=1)
+  run.steps(14, grads_at)
+  assert [t for t, (ran,) in enumerate(run.history) if ran] == averaged
+  assert int(run.state[1].synced[0]) == len(averaged)
 
 
 @LAYOUTS
@@ -407,3 +429,124 @@ def test_param_transforms_need_params():
   state = tx.init(start())
   with pytest.raises(ValueError, match='local_sgd needs params'):
     jax.eval_shape(lambda s: tx.update(start(), s), state)
+
+
+# --- replicas: the workers that synchronised hold one model, bitwise --------------------------
+
+N = 4096  # elements: enough that w + (m - w) != m in hundreds of them
+
+
+def spread_start():
+  """N elements of magnitudes 1e-3 to 10, both signs."""
+  rng = np.random.default_rng(7)
+  return {'w': jnp.asarray(rng.standard_normal(N) * 10.0 ** rng.uniform(-3, 1, N), jnp.float32)}
+
+
+def spread_grads(t):
+  """Worker n's gradient at step t: its own draw, scaled by 4 at steps 2, 3, 6, 7 (SelSync's
+  relative norm change flags steps 2, 4, 6, and not 1, 3, 5, 7)."""
+  rng = np.random.default_rng(100 + t)
+  scale = 10.0 ** np.random.default_rng(8).uniform(-3, 1, N)  # the same every step
+  g = rng.standard_normal((W, N)) * scale * (4.0 if t % 4 in (2, 3) else 1.0)
+  return {'w': jnp.asarray(g, jnp.float32)}
+
+
+def topk_averager():
+  return sync.compressed_allreduce(C.topk(ratio=0.1), axis_name=AX, collective='allgather')
+
+
+MODEL_SYNCS = {
+  'local_sgd': lambda: optax.chain(optax.sgd(0.1), sync.local_sgd(2, axis_name=AX)),
+  'local_sgd_allreduce': lambda: optax.chain(
+    optax.sgd(0.1), sync.local_sgd(2, axis_name=AX, averager=sync.allreduce(axis_name=AX))
+  ),
+  'local_sgd_topk': lambda: optax.chain(
+    optax.sgd(0.1), sync.local_sgd(2, axis_name=AX, averager=topk_averager())
+  ),
+  'post_local_sgd': lambda: optax.chain(
+    optax.sgd(0.1, momentum=0.9), sync.local_sgd(3, axis_name=AX, warmup_steps=2)
+  ),
+  'diloco': lambda: optax.chain(optax.sgd(0.1), sync.diloco(period=2, axis_name=AX)),
+  'diloco_topk': lambda: optax.chain(
+    optax.sgd(0.1), sync.diloco(period=2, axis_name=AX, averager=topk_averager())
+  ),
+  'selsync': lambda: sync.selsync(optax.sgd(0.1), 0.5, axis_name=AX, window=1),
+  'selsync_allreduce': lambda: sync.selsync(
+    optax.sgd(0.1), 0.5, axis_name=AX, window=1, averager=sync.allreduce(axis_name=AX)
+  ),
+}
+
+
+@LAYOUTS
+@pytest.mark.parametrize('method', sorted(MODEL_SYNCS))
+def test_workers_hold_the_same_model_bitwise_after_every_synchronisation(method, devices):
+  run = testing.Run(MODEL_SYNCS[method](), spread_start(), workers=W, devices=devices)
+  synced, apart = [], []
+  for t in range(8):
+    w = np.asarray(run(spread_grads(t))['w'])
+    differ = int(np.sum(np.any(w != w[0], axis=0)))
+    state = run.state if method.startswith('selsync') else run.state[1]
+    if int(state.synced[0]) > len(synced):  # this step synchronised
+      synced.append((t, differ))
+    else:
+      apart.append(differ)
+  assert len(synced) >= 3 and min(apart) > N // 2, (synced, apart)  # the workers do drift apart
+  assert all(differ == 0 for _, differ in synced), f'(step, elements that differ): {synced}'
+
+
+def test_apply_updates_gives_the_mean_that_w_plus_the_update_rounds_away():
+  """Hand-computed in float32: 0.2 and -0.1 average to 0.05 (0.1 / 2 is exact); the update
+  0.05 - w gives back 0.2 + (0.05 - 0.2) = 0.049999997 and -0.1 + (0.05 + 0.1) = 0.050000004."""
+  f = np.float32
+  assert f(0.2) + (f(0.05) - f(0.2)) == f(0.049999997)
+  assert f(-0.1) + (f(0.05) - f(-0.1)) == f(0.050000004)
+  tx = optax.chain(optax.sgd(1.0), sync.local_sgd(1, axis_name=AX))
+  run = testing.Run(tx, {'x': jnp.zeros(())}, workers=2)
+  run.params = before = {'x': jnp.array([0.2, -0.1])}
+  got = run({'x': jnp.zeros(2)})['x']
+  assert np.asarray(got).tolist() == [f(0.05), f(0.05)]
+  plain = optax.apply_updates(before, run.updates)['x']
+  assert np.asarray(plain).tolist() == [f(0.049999997), f(0.050000004)]
+
+
+def test_apply_updates_is_optax_apply_updates_where_nothing_synchronised():
+  params, updates = spread_start(), spread_grads(0)
+  params = jax.tree.map(lambda p: jnp.broadcast_to(p, (W, N)), params)
+  want = optax.apply_updates(params, updates)
+  chain = optax.chain(sync.allreduce(axis_name=AX), optax.sgd(0.1))
+  local = optax.chain(optax.sgd(0.1), sync.local_sgd(4, axis_name=AX))
+  for state in [(), jax.vmap(chain.init)(params), jax.vmap(local.init)(params)]:
+    got = jax.vmap(sync.apply_updates)(params, updates, state)
+    np.testing.assert_array_equal(got['w'], want['w'])
+
+
+@pytest.mark.parametrize('wrap', ['accumulate', 'skip_nonfinite'])
+def test_a_wrapper_that_keeps_the_state_of_a_synchronisation_leaves_that_model(wrap):
+  """Steps the wrapper skips (accumulating, or a NaN gradient) apply zero updates and keep the
+  inner state, which still says it synchronised: the workers keep that model, bitwise."""
+  inner = optax.chain(optax.sgd(0.1), sync.local_sgd(2, axis_name=AX))
+  if wrap == 'accumulate':  # local_sgd steps at calls 1 and 3 (from 0), averaging at 3
+    tx, skipped, calls = sync.accumulate(inner, 2, axis_name=AX), spread_grads, 4
+  else:
+    tx, calls = sync.skip_nonfinite(inner, axis_name=AX), 2
+    skipped = lambda t: jax.tree.map(lambda g: g.at[3, 0].set(jnp.nan), spread_grads(t))
+  run = testing.Run(tx, spread_start(), workers=W)
+  for t in range(calls):
+    synced = np.asarray(run(spread_grads(t))['w'])
+  assert [h[0] for h in run.history] == [0] * (calls - 1) + [1]  # the model all-reduce
+  assert int(np.sum(synced != synced[0])) == 0
+  kept = np.asarray(run(skipped(calls))['w'])
+  np.testing.assert_array_equal(kept, synced)
+
+
+@LAYOUTS
+def test_sma_center_is_the_same_on_every_worker_bitwise(devices):
+  """SMA's learners stay apart by design; its center z, computed from the all-reduced
+  corrections alone, is replicated."""
+  tx = optax.chain(optax.sgd(0.1), sync.sma(0.125, axis_name=AX))
+  run = testing.Run(tx, spread_start(), workers=W, devices=devices)
+  for t in range(4):
+    w = np.asarray(run(spread_grads(t))['w'])
+    center = np.asarray(run.state[1].center['w'])
+    assert int(np.sum(center != center[0])) == 0 and int(np.sum(w != w[0])) > N // 2
+  assert float(np.abs(center[0] - np.asarray(spread_start()['w'])).max()) > 0  # z moved

@@ -55,14 +55,14 @@ def _model(name):
   return jd.models.get(name, num_classes=10)
 
 
-def _train(model, tx_name, shape, per_worker, counted=False):
+def _train(model, tx_name, shape, per_worker, counted=False, steps=STEPS):
   workers = runtime.layout(8, devices=2)  # 4 simulated workers on each device
   tx = _txs(workers)[tx_name]
   state = step_lib.make_init(model, tx, workers, shape, per_worker)(jax.random.key(0))
   step = step_lib.make_train_step(model, tx, workers, counted=counted, per_worker=per_worker)
   rng = np.random.default_rng(0)
   losses, wires = [], []
-  for _ in range(STEPS):
+  for _ in range(steps):
     x = rng.standard_normal((8, PER_WORKER, *shape), dtype=np.float32)
     y = rng.integers(0, 10, (8, PER_WORKER)).astype(np.int32)
     x, y = (jax.device_put(a, workers.sharding) for a in (x, y))
@@ -113,6 +113,17 @@ def test_loop_equals_vmap(model_name, tx_name, shape, counted):
   if model_name == 'resnet':  # batch-norm statistics stay per worker
     mean = jax.tree.leaves(loop.model_state)[0]
     assert mean.shape[0] == 8 and not np.allclose(mean[0], mean[1])
+
+
+@pytest.mark.parametrize('per_worker', ['loop', 'vmap'])
+def test_local_sgd_workers_hold_one_model_bitwise_after_an_average(per_worker):
+  """local_sgd(2) averages after step 2: every worker then holds the mean model, bitwise (the
+  step puts in the synchronised model; w + (m - w) differs from m in some elements)."""
+  state, _ = _train(_model('cnn'), 'local_sgd', (8, 8, 1), per_worker, steps=2)
+  for path, leaf in jax.tree_util.tree_leaves_with_path(state.params):
+    a = np.asarray(leaf)
+    assert int(np.sum(a != a[0])) == 0, (jax.tree_util.keystr(path), int(np.sum(a != a[0])))
+  assert int(jax.tree.leaves(state.opt_state[1].synced)[0][0]) == 1
 
 
 @pytest.mark.parametrize(

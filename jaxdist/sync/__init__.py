@@ -6,11 +6,13 @@ One module per method: `allreduce`, `compressed` (`compressed_allreduce`),
 `delay_tolerant` (`od_sgd`, `ssd_sgd`, `cd_sgd`), `pipeline` (gradient delay
 and its compensations) and `tick_tock`. Wrappers that keep workers in step:
 `finite` (`skip_nonfinite`) and `accumulate` (gradient accumulation). Bucket planning lives in
-`jaxdist.netmodel`.
+`jaxdist.netmodel`. `apply_updates` applies a chain's updates and gives the workers that
+synchronised their model exactly.
 """
 
 from jaxdist.sync.accumulate import AccumulateState, accumulate
 from jaxdist.sync.allreduce import AllReduceState, allreduce
+from jaxdist.sync.apply import apply_updates
 from jaxdist.sync.bucketing import BucketedState, bucketed_allreduce
 from jaxdist.sync.compressed import CompressedState, compressed_allreduce, local_clip
 from jaxdist.sync.delay_tolerant import DelayedState, cd_sgd, od_sgd, ssd_sgd
@@ -58,6 +60,7 @@ __all__ = [
   'accumulate',
   'all_finite',
   'allreduce',
+  'apply_updates',
   'async_sgd',
   'bucketed_allreduce',
   'cd_sgd',

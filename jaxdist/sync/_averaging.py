@@ -1,12 +1,15 @@
 """Model synchronisation shared by local SGD, DiLoCo and SelSync.
 
 A synchronising step either averages the models themselves with one dense
-all-reduce (`averager=None`: no anchor is kept), or hands each worker's
-change since the last synchronisation to an averaging transform (any
-`optax.GradientTransformation` that averages over the workers, e.g.
-`compressed_allreduce(topk(0.01), ...)`) and moves the shared anchor by the
-result. The averager's state lives in the method's state; on a step that
-does not synchronise, its transfers are marked as not having run.
+all-reduce (`averager=None`), or hands each worker's change since the last
+synchronisation to an averaging transform (any `optax.GradientTransformation`
+that averages over the workers, e.g. `compressed_allreduce(topk(0.01), ...)`)
+and moves the shared anchor by the result. Either way the state keeps the
+synchronised model as its `anchor` and `just_synced` says whether the last
+step produced it, so that `jd.sync.apply_updates` can give every worker that
+model exactly (w + (m − w) is not m in floating point). The averager's state
+lives in the method's state; on a step that does not synchronise, its
+transfers are marked as not having run.
 """
 
 from __future__ import annotations
@@ -40,15 +43,17 @@ def dense_wire(params: Any, averager: optax.GradientTransformation | None) -> tu
 def init_sync(params: Any, averager: optax.GradientTransformation | None) -> dict[str, Any]:
   """The fields every synchronising method's state starts with.
 
-  count and synced at 0; the anchor (the model itself with an averager, ()
-  without); the averager's state; the dense model all-reduce (without one).
+  count and synced at 0; the anchor (the model itself: one copy of it);
+  the averager's state; the dense model all-reduce (without one);
+  just_synced False.
   """
   return dict(
     count=jnp.zeros([], jnp.int32),
     synced=jnp.zeros([], jnp.int32),
-    anchor=params if averager is not None else (),
+    anchor=params,
     averager=averager.init(params) if averager is not None else (),
     wire=dense_wire(params, averager),
+    just_synced=jnp.zeros([], jnp.bool_),
   )
 
 
@@ -74,18 +79,18 @@ def model_sync(averager: optax.GradientTransformation | None, axis_name: comm.Ax
   """The two `lax.cond` branches of a model synchronisation, (sync, skip).
 
   Both map (params, updates, anchor, averager state, wire) to (updates,
-  anchor, averager state, wire). Dense: updates move every worker to the mean
-  of the models params + updates. With an averager: the anchor moves by the
-  averaged change (params + updates − anchor), and the updates move every
-  worker to the new anchor.
+  anchor, averager state, wire). Dense: the anchor becomes the mean of the
+  models params + updates. With an averager: the anchor moves by the
+  averaged change (params + updates − anchor). The updates move every worker
+  to the new anchor (up to the rounding of params + (anchor − params)).
   """
   mean = mean_fn(averager, axis_name)
 
   def sync(params, updates, anchor, avg_state, wire):
     local = optax.apply_updates(params, updates)
     if averager is None:
-      synced, avg_state, wire = mean(local, avg_state, wire)
-      return optax.tree.sub(synced, params), anchor, avg_state, wire
+      anchor, avg_state, wire = mean(local, avg_state, wire)
+      return optax.tree.sub(anchor, params), anchor, avg_state, wire
     delta, avg_state, wire = mean(optax.tree.sub(local, anchor), avg_state, wire)
     anchor = optax.apply_updates(anchor, delta)
     return optax.tree.sub(anchor, params), anchor, avg_state, wire

@@ -23,6 +23,8 @@ class DiLoCoState(NamedTuple):
     averager: the averager's state (() without one). Per-worker.
     wire: the dense all-reduce of the pseudo-gradient (() with an averager).
       Per-worker.
+    just_synced: whether the last update was an outer step, so that `anchor`
+      is the model every worker takes now. Replicated.
   """
 
   count: jax.Array
@@ -31,6 +33,7 @@ class DiLoCoState(NamedTuple):
   outer_state: Any
   averager: Any
   wire: tuple
+  just_synced: jax.Array
 
 
 def diloco(
@@ -47,7 +50,15 @@ def diloco(
   given to `outer_optimizer` (by default Nesterov SGD, lr 0.7, momentum 0.9,
   as in the paper); the anchor takes the outer step and every worker
   restarts from it. The inner optimizer (the one before this transform in
-  the chain) keeps its state across outer steps.
+  the chain) keeps its state across outer steps. Put it last in the chain.
+
+  After an outer step every worker should hold the anchor a exactly. The
+  update moves worker n there as w_n + (a − w_n), which rounds: with
+  `optax.apply_updates` the workers' models differ from a, and from each
+  other, by up to an ulp of max(|w_n|, |a|) in some of the elements (it does
+  not grow: the next outer step starts from a). `jd.sync.apply_updates(params,
+  updates, opt_state)` gives every worker a itself, bitwise, from the state
+  (no memory added: the anchor is kept anyway); the library's loops use it.
 
   Args:
     outer_optimizer: optax optimizer of the anchor (default Nesterov SGD).
@@ -82,7 +93,7 @@ def diloco(
 
   def init_fn(params):
     fields = _averaging.init_sync(params, averager)
-    return DiLoCoState(**fields | dict(anchor=params, outer_state=outer.init(params)))
+    return DiLoCoState(**fields | dict(outer_state=outer.init(params)))
 
   def update_fn(updates, state, params=None):
     _checks.needs_params('diloco', params)
@@ -91,7 +102,7 @@ def diloco(
       due, sync, skip, params, updates, state.anchor, state.outer_state, state.averager, state.wire
     )
     count, synced = _averaging.counted(state, due)
-    return updates, DiLoCoState(count, synced, anchor, outer_state, avg_state, wire)
+    return updates, DiLoCoState(count, synced, anchor, outer_state, avg_state, wire, due)
 
   return optax.GradientTransformation(init_fn, update_fn)
 

@@ -24,10 +24,12 @@ class LocalSGDState(NamedTuple):
   Attributes:
     count: update calls so far. Replicated.
     synced: how many of them synchronised. Replicated.
-    anchor: the model of the last synchronisation (() without an averager).
+    anchor: the model of the last synchronisation (a copy of the model).
       Replicated.
     averager: the averager's state (() without one). Per-worker.
     wire: the dense all-reduce of the model (() with an averager). Per-worker.
+    just_synced: whether the last update synchronised, so that `anchor` is
+      the model every worker takes now. Replicated.
   """
 
   count: jax.Array
@@ -35,6 +37,7 @@ class LocalSGDState(NamedTuple):
   anchor: Any
   averager: Any
   wire: tuple
+  just_synced: jax.Array
 
 
 def local_sgd(
@@ -46,21 +49,43 @@ def local_sgd(
 ) -> optax.GradientTransformation:
   """Averages parameters over `axis_name` after every `period` local steps.
 
-  Worker n steps alone, w_n <- w_n + u_n, and at steps t with
-  (t + 1) mod period = 0 (or t < warmup_steps) every worker takes the mean
-  model, w_n <- (1/N) Σ_m w_m. With an `averager`, the mean is taken of the
-  changes since the last synchronisation instead: a <- a + A(w_n − a), w_n <-
-  a, where a is the shared anchor and A the averager (e.g. a compressed
-  all-reduce with error feedback).
+  Worker n steps alone, w_n <- w_n + u_n, and after the steps that
+  synchronise every worker takes the mean model, w_n <- (1/N) Σ_m w_m. With
+  an `averager`, the mean is taken of the changes since the last
+  synchronisation instead: a <- a + A(w_n − a), w_n <- a, where a is the
+  shared anchor and A the averager (e.g. a compressed all-reduce with error
+  feedback).
 
-  Put it after the optimizer: `optax.chain(optax.sgd(0.1), local_sgd(8,
-  axis_name=...))`. Each worker's optimizer state stays its own.
+  Steps count from t = 0 (the first update). Step t synchronises when
+  t < warmup_steps (the warm-up: every step), or when t − warmup_steps + 1
+  is a multiple of `period`: every local period after the warm-up is
+  `period` steps long. period=4 averages at steps 3, 7, 11, ... ((t + 1)
+  mod 4 = 0, Stich's schedule); period=4, warmup_steps=2 at 0, 1 (warm-up),
+  then 5, 9, 13, ... PyTorch's `PeriodicModelAverager(period, warmup_steps=w)`
+  averages after steps w, w + period, w + 2·period, ... (its step counter
+  from 0, `(step − w) % period == 0`), and DDP's gradient all-reduce
+  (`post_localSGD_hook`, `start_localSGD_iter=w`) keeps steps 0 to w − 1
+  synchronous: its step w is one more synchronising step, so its schedule
+  is this one's with `warmup_steps=w + 1`.
+
+  Put it after the optimizer, last in the chain: `optax.chain(optax.sgd(0.1),
+  local_sgd(8, axis_name=...))`. Each worker's optimizer state stays its own.
+
+  After a synchronisation every worker should hold the synchronised model m.
+  The update moves worker n there as w_n + (m − w_n), which rounds: with
+  `optax.apply_updates` the workers' models differ from m, and from each
+  other, by up to an ulp of max(|w_n|, |m|) in some of the elements (it does
+  not grow: the next synchronisation starts over). `jd.sync.apply_updates(
+  params, updates, opt_state)` gives every worker m itself, bitwise, from the
+  state's `anchor`: with an averager the anchor is kept anyway; without one
+  it costs one copy of the model per worker. The library's loops use it.
 
   Args:
     period: local steps between averages (1 = average every step).
     axis_name: the worker axis (or tuple of axes).
     warmup_steps: post-local SGD (Lin et al. 2020): average every step for
-      this many steps, then every `period`.
+      this many steps, then after every `period` local steps counted from
+      the warm-up's end.
     averager: a transform that averages over `axis_name` (e.g.
       `compressed_allreduce(topk(0.01), axis_name=...)`), applied to each
       worker's change since the last sync. None averages the models densely.
@@ -94,11 +119,13 @@ def local_sgd(
 
   def update_fn(updates, state, params=None):
     _checks.needs_params('local_sgd', params)
-    due = ((state.count + 1) % period == 0) | (state.count < warmup_steps)
+    warm = state.count < warmup_steps
+    due = warm | ((state.count - warmup_steps + 1) % period == 0)
     due = comm.agree(due, axis_name)
     updates, anchor, avg_state, wire = lax.cond(
       due, sync, skip, params, updates, state.anchor, state.averager, state.wire
     )
-    return updates, LocalSGDState(*_averaging.counted(state, due), anchor, avg_state, wire)
+    count, synced = _averaging.counted(state, due)
+    return updates, LocalSGDState(count, synced, anchor, avg_state, wire, due)
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -23,10 +23,12 @@ class SelSyncState(NamedTuple):
     norms: this worker's last `window` gradient norms, newest first. Per-worker.
     deltas: its last `window` relative changes, newest first. Per-worker.
     smoothed: the smoothed norm of the previous step. Per-worker.
-    anchor: model of the last sync (() without an averager). Replicated.
+    anchor: the model of the last sync (a copy of the model). Replicated.
     averager: the averager's state (() without one). Per-worker.
     wire: the flags all-reduce, then the dense model all-reduce (without an
       averager). Per-worker.
+    just_synced: whether the last update synchronised, so that `anchor` is
+      the model every worker takes now. Replicated.
   """
 
   count: jax.Array
@@ -38,6 +40,7 @@ class SelSyncState(NamedTuple):
   anchor: Any
   averager: Any
   wire: tuple
+  just_synced: jax.Array
 
 
 def _windowed_mean(values: jax.Array, filled: jax.Array, alpha: float) -> jax.Array:
@@ -118,6 +121,15 @@ def selsync(
   values with weights (1 − 0.01)^age. The paper's Eq. 2 uses expected
   squared norms: `norm='global', squared=True`.
 
+  After a synchronisation every worker should hold the synchronised model m.
+  The update moves worker n there as w_n + (m − w_n), which rounds: with
+  `optax.apply_updates` the workers' models differ from m, and from each
+  other, by up to an ulp of max(|w_n|, |m|) in some of the elements (it does
+  not grow: the next synchronisation starts over). `jd.sync.apply_updates(
+  params, updates, opt_state)` gives every worker m itself, bitwise, from the
+  state's `anchor`: with an averager the anchor is kept anyway; without one
+  it costs one copy of the model per worker. The library's loops use it.
+
   Args:
     optimizer: the local optimizer (e.g. `optax.sgd(0.1, momentum=0.9)`).
     threshold: δ; 0 synchronises every step.
@@ -130,7 +142,8 @@ def selsync(
       worker's change since the last sync; None averages the models densely.
 
   Returns:
-    An `optax.GradientTransformation` that replaces the optimizer.
+    An `optax.GradientTransformation` that replaces the optimizer (last in
+    the chain).
 
   Example:
     >>> import jax.numpy as jnp, optax
@@ -173,7 +186,7 @@ def selsync(
     )
     count, synced = _averaging.counted(state, due)
     wire = (flag_wire, *model_wire)
-    new = SelSyncState(count, synced, inner, norms, deltas, smoothed, anchor, avg_state, wire)
+    new = SelSyncState(count, synced, inner, norms, deltas, smoothed, anchor, avg_state, wire, due)
     return updates, new
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -121,15 +121,16 @@ FIELDS: dict[type, dict[str, str | None]] = {
   sync.BucketedState: {'buckets': None, 'wire': RESET},
   sync.LocalSGDState: {
     'count': REPLICATED, 'synced': REPLICATED, 'anchor': REPLICATED, 'averager': None,
-    'wire': RESET,
+    'wire': RESET, 'just_synced': REPLICATED,
   },
   sync.DiLoCoState: {
     'count': REPLICATED, 'synced': REPLICATED, 'anchor': REPLICATED, 'outer_state': REPLICATED,
-    'averager': None, 'wire': RESET,
+    'averager': None, 'wire': RESET, 'just_synced': REPLICATED,
   },
   sync.SelSyncState: {
     'count': REPLICATED, 'synced': REPLICATED, 'inner': None, 'norms': MEAN, 'deltas': MEAN,
     'smoothed': MEAN, 'anchor': REPLICATED, 'averager': None, 'wire': RESET,
+    'just_synced': REPLICATED,
   },
   sync.SMAState: {'center': REPLICATED, 'previous': REPLICATED, 'wire': RESET},
   sync.GossipState: {'count': REPLICATED, 'wire': RESET},

@@ -29,6 +29,7 @@ from jax.sharding import PartitionSpec as P
 from jaxdist import comm
 from jaxdist.models.masked import masked_cross_entropy, masked_mean
 from jaxdist.runtime import DATA, SIM, Workers
+from jaxdist.sync.apply import apply_updates
 from jaxdist.sync.compressed import CompressedState
 from jaxdist.sync.pipeline import PredictionState
 
@@ -259,7 +260,7 @@ def make_train_step(
     updates, opt_state = tx.update(grads, opt_state, params, **kwargs, **tx_args)
     if len(extra) > 1:
       updates = jax.tree.map(lambda u: u * extra[1].astype(u.dtype), updates)
-    return optax.apply_updates(params, updates), opt_state
+    return apply_updates(params, updates, opt_state), opt_state
 
   def mean_gradient(params, model_state, x, y):
     """(the device's mean gradient, the workers' model states, losses, accuracies)."""
@@ -710,6 +711,6 @@ def make_reference_step(
     grad_fn = jax.value_and_grad(loss_fn, argnums=1, has_aux=True)
     (loss, (_, model_state)), grads = grad_fn(model, params, model_state, x, y, True)
     updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), model_state, opt_state, loss
+    return apply_updates(params, updates, opt_state), model_state, opt_state, loss
 
   return jax.jit(step, donate_argnums=(0, 2))

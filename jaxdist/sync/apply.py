@@ -1,0 +1,92 @@
+"""Applying updates so that the workers that synchronised hold one model, bitwise.
+
+A model-synchronising transform (`local_sgd`, `diloco`, `selsync`) moves
+worker n from its model w_n to the synchronised model m with the update
+u_n = m − w_n, but w_n + (m − w_n) is not always m in floating point:
+after `optax.apply_updates` the workers' models differ from m, and from each
+other, by a rounding (up to an ulp of max(|w_n|, |m|) in some of the
+elements). No choice of u_n avoids it: where |m| is much smaller than
+|w_n| (workers of opposite signs), w_n + u_n lies on the coarser grid of
+w_n's magnitude, which may not hold m. So these transforms keep m in their
+state (`anchor`) with a flag saying whether the last update synchronised
+(`just_synced`), and `apply_updates` puts m in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+from jaxdist.sync.diloco import DiLoCoState
+from jaxdist.sync.local_sgd import LocalSGDState
+from jaxdist.sync.selsync import SelSyncState
+
+MODEL_SYNC_STATES = (LocalSGDState, DiLoCoState, SelSyncState)
+
+
+def model_sync_states(opt_state: Any) -> list[Any]:
+  """The states of the model-synchronising transforms in `opt_state`, in tree order."""
+  is_sync = lambda x: isinstance(x, MODEL_SYNC_STATES)
+  return [s for s in jax.tree.leaves(opt_state, is_leaf=is_sync) if is_sync(s)]
+
+
+def apply_updates(params: optax.Params, updates: optax.Updates, opt_state: Any) -> optax.Params:
+  """`optax.apply_updates`, with the synchronised model itself after a synchronisation.
+
+  Where the chain whose state is `opt_state` holds a model-synchronising
+  transform (`local_sgd`, `diloco`, `selsync`) and its last update
+  synchronised, the new parameters are its synchronised model, bitwise the
+  same on every worker; otherwise they are `optax.apply_updates(params,
+  updates)`. With plain `optax.apply_updates` the workers' models differ
+  from the synchronised one by the rounding of w + (m − w) (see the module
+  docstring); use this function in a loop of your own. The library's loops
+  (`jd.train`, `jd.testing.Run`) do.
+
+  The synchronising transform must be the last in the chain, its documented
+  place: the updates of a transform after it are not applied on the steps
+  that synchronise. Wrappers of the whole chain (`accumulate`,
+  `skip_nonfinite`, `optax.MultiSteps`) may keep the state of a step that
+  synchronised over steps they skip; those steps' updates are zero and the
+  workers hold that model already, so it is put in again unchanged. With
+  several such transforms in one state, the last in tree order decides.
+
+  Args:
+    params: the parameters before the step.
+    updates: the chain's updates of this step.
+    opt_state: the chain's state after this step (the one its `update`
+      returned with `updates`).
+
+  Returns:
+    The new parameters, with the structure and dtypes of `params`.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, optax
+    >>> from jaxdist import sync
+    >>> tx = optax.chain(optax.sgd(1.0), sync.local_sgd(1, axis_name='i'))
+    >>> def step(w):
+    ...   updates, state = tx.update(jnp.zeros(()), tx.init(w), w)
+    ...   return optax.apply_updates(w, updates), sync.apply_updates(w, updates, state)
+    >>> plain, exact = jax.vmap(step, axis_name='i')(jnp.array([0.2, -0.1]))
+    >>> plain.tolist()  # w + (m - w): the mean m, float32's 0.05, rounded two ways
+    [0.04999999701976776, 0.05000000447034836]
+    >>> exact.tolist()
+    [0.05000000074505806, 0.05000000074505806]
+  """
+  found = model_sync_states(opt_state)
+  if not found:
+    return optax.apply_updates(params, updates)
+  last = found[-1]
+
+  def synchronised(params, updates, anchor):
+    del updates
+    return jax.tree.map(lambda p, a: jnp.asarray(a).astype(jnp.asarray(p).dtype), params, anchor)
+
+  def applied(params, updates, anchor):
+    del anchor
+    return optax.apply_updates(params, updates)
+
+  return lax.cond(last.just_synced, synchronised, applied, params, updates, last.anchor)
