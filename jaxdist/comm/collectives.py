@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxdist.runtime import DATA, SIM
+
 AxisName = str | tuple[str, ...]
 
 # HLO op names, as they appear in lowered/compiled modules.
@@ -106,8 +108,39 @@ def tree_nbytes(tree: Any) -> int:
   return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def _names(axis_name: AxisName) -> tuple[str, ...]:
-  return (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+def _bound_size(name: str) -> int | None:
+  """The size of axis `name` where it is bound here (a mesh or vmap axis), else None."""
+  try:
+    return lax.axis_size(name)
+  except NameError:  # jax's "unbound axis name"
+    return None
+
+
+def _names(axis_name: AxisName, subgroup: bool = False) -> tuple[str, ...]:
+  """`axis_name` as a tuple of names, checked to be bound and, in a `Workers` step, whole.
+
+  Misuse is refused at trace time, in one line: a name not bound here (the
+  transform's `update` called outside the map that names its workers), and
+  an `axis_name` that names the devices' axis `data` but not the simulated
+  workers' axis `sim` while a device holds several (the collective would
+  reach the same simulated worker of every device, not every worker).
+  `subgroup` lets a collective over one level of a hierarchy (e.g. the
+  inter-node gather of `hitopk_allreduce`) name the device axis alone.
+  """
+  names = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+  for name in names:
+    if _bound_size(name) is None:
+      raise ValueError(
+        f'axis name {name!r} is not bound here: call tx.update inside workers.map(...) '
+        f'(jd.runtime.Workers.map), or inside jax.shard_map / jax.vmap with that axis name'
+      )
+  per_device = _bound_size(SIM)
+  if not subgroup and DATA in names and SIM not in names and (per_device or 1) > 1:
+    raise ValueError(
+      f'axis_name={axis_name!r} reaches only the devices, not the {per_device} simulated '
+      f'workers on each (axis {SIM!r}): pass axis_name=workers.axis_name (jd.runtime.AXES)'
+    )
+  return names
 
 
 def axis_size(axis_name: AxisName) -> int:
@@ -132,14 +165,16 @@ def pmean(tree: Any, axis_name: AxisName) -> tuple[Any, Transfer]:
   return jax.tree.map(lambda x: (x / n).astype(x.dtype), total), sent
 
 
-def all_gather(tree: Any, axis_name: AxisName) -> tuple[Any, Transfer]:
+def all_gather(tree: Any, axis_name: AxisName, *, subgroup: bool = False) -> tuple[Any, Transfer]:
   """Stacks every worker's `tree` along a new leading axis of size N.
 
   Row i is worker i in `axis_index` order. Over a tuple of axes the gather is
   nested innermost-first (jax cannot all-gather over a vmap and a mesh axis in
-  one call); the payload is each worker's own tree either way.
+  one call); the payload is each worker's own tree either way. `subgroup`:
+  a gather over one level of a hierarchy, which may name the device axis
+  without the simulated one (see `_names`).
   """
-  names = _names(axis_name)
+  names = _names(axis_name, subgroup)
 
   def gather(x):
     for name in reversed(names):

@@ -68,29 +68,66 @@ def synthetic(
   train_size: int = 2048,
   test_size: int = 512,
   seed: int = 0,
+  signal: float = 0.5,
+  grid: int = 4,
 ) -> Dataset:
-  """Random images labelled by a fixed random linear teacher: learnable, no files.
+  """Class prototypes plus noise: learnable in the steps a smoke run has, no files.
 
   For smoke tests and `runlocal` configs of datasets the machine does not
-  have: same shapes and number of classes, nothing to download.
+  have: same shapes and number of classes, nothing to download. Class c has
+  a prototype image: a `grid` x `grid` pattern of random colours (each
+  channel of each cell N(0, 1)), every cell a block of pixels. An example
+  of class c is `signal` x its prototype plus N(0, 1) noise on every pixel;
+  labels are drawn uniformly. The classes differ in the colours of large
+  regions, which convolutions and their pooled features pick up as readily
+  as dense layers. At the defaults (32x32x3, one device, batches of 64, SGD
+  with momentum 0.9 at 0.05) the digits CNN reaches 100% test accuracy in 10
+  steps and ResNet-20 87% in 80 and 99% in 100. Labels from a random linear
+  teacher over raw pixels would not be learnt: 2,048 examples do not pin
+  down its 3,072 x 10 weights, and a network that pools over positions
+  cannot express it.
+
+  Args:
+    image_shape: [H, W, C] of one image.
+    num_classes: how many classes (prototypes).
+    train_size, test_size: examples in each split.
+    seed: seeds the prototypes, the labels and the noise.
+    signal: the prototypes' scale against the noise's (> 0): smaller is
+      harder.
+    grid: cells of the prototypes along each side (at most the image's).
+
+  Returns:
+    The `Dataset`, its mean and std per channel from the train split.
   """
-  if min(train_size, test_size, num_classes) < 1 or any(d < 1 for d in image_shape):
+  if min(train_size, test_size, num_classes, grid) < 1 or any(d < 1 for d in image_shape):
     raise DatasetError(
       f'synthetic data needs positive sizes, got shape {image_shape}, {num_classes} classes, '
-      f'{train_size}/{test_size} examples'
+      f'{train_size}/{test_size} examples, grid {grid}'
     )
+  if not signal > 0:
+    raise DatasetError(f'synthetic data needs signal > 0, got {signal}')
   rng = np.random.default_rng(seed)
-  teacher = rng.standard_normal((int(np.prod(image_shape)), num_classes)).astype(np.float32)
+  *spatial, channels = image_shape
+  cells = [min(grid, d) for d in spatial]
+  coarse = rng.standard_normal((num_classes, *cells, channels))
+  for axis, (n, d) in enumerate(zip(cells, spatial, strict=True)):  # each cell a block of pixels
+    coarse = np.take(coarse, np.arange(d) * n // d, axis=axis + 1)
+  prototypes = coarse.reshape(num_classes, *image_shape)
 
   def split(n):
-    images = rng.standard_normal((n, *image_shape)).astype(np.float32)
-    labels = np.argmax(images.reshape(n, -1) @ teacher, axis=1).astype(np.int32)
-    return Split(images, labels)
+    labels = rng.integers(0, num_classes, n).astype(np.int32)
+    noise = rng.standard_normal((n, *image_shape))
+    return Split((signal * prototypes[labels] + noise).astype(np.float32), labels)
 
   train, test = split(train_size), split(test_size)
-  channels = image_shape[-1]
-  mean, std = np.zeros(channels, np.float32), np.ones(channels, np.float32)
+  mean, std = _channel_statistics(train.images)
   return Dataset('synthetic', train, test, num_classes, mean, std)
+
+
+def _channel_statistics(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Mean and std (at least 1e-6) of each channel, the last axis, over all pixels."""
+  pixels = images.reshape(-1, images.shape[-1]).astype(np.float64)
+  return pixels.mean(0).astype(np.float32), np.maximum(pixels.std(0), 1e-6).astype(np.float32)
 
 
 def default_data_dir() -> str:
@@ -163,9 +200,7 @@ def load(
     ) from e
   train = _read_split(train_source, image_key, label_key)
   test = _read_split(test_source, image_key, label_key)
-  pixels = train.images.reshape(-1, train.images.shape[-1]).astype(np.float64)
-  mean = pixels.mean(0).astype(np.float32)
-  std = np.maximum(pixels.std(0), 1e-6).astype(np.float32)
+  mean, std = _channel_statistics(train.images)
   return Dataset(name, train, test, num_classes, mean, std)
 
 

@@ -36,7 +36,7 @@ def allreduce(*, axis_name: comm.AxisName) -> optax.GradientTransformation:
 
   Returns:
     An `optax.GradientTransformation`; place it before the optimizer:
-    `optax.chain(jd.sync.allreduce(axis_name='data'), optax.sgd(0.1))`.
+    `optax.chain(jd.sync.allreduce(axis_name=workers.axis_name), optax.sgd(0.1))`.
 
   Example:
     >>> import jax.numpy as jnp, optax

@@ -200,10 +200,10 @@ def hitopk_allreduce(
     (vals_K, idx_K), cstate = c.encode(wanted_S, state.compressor_state, key)
     residual = wanted_S - c.decode((vals_K, idx_K), cstate, s) if error_feedback else ()
     # 3. inter-node sparse all-gather along the rail
-    (vals_NxK, idx_NxK), _ = comm.all_gather((vals_K, idx_K), node_axis)
+    (vals_NxK, idx_NxK), _ = comm.all_gather((vals_K, idx_K), node_axis, subgroup=True)
     # 4. scatter-add, mean, intra-node all-gather of the shards
     mean_S = scatter(vals_NxK.reshape(-1), idx_NxK.reshape(-1), s) / (n * m)
-    mean_MxS, _ = comm.all_gather(mean_S, local_axis)
+    mean_MxS, _ = comm.all_gather(mean_S, local_axis, subgroup=True)
     out = unravel(mean_MxS.reshape(-1)[:d])
     out = [x.astype(g.dtype) for x, g in zip(out, leaves, strict=True)]
     intra, inter = transfers(s, 1)

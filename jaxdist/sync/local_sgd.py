@@ -70,6 +70,13 @@ def local_sgd(
 
   Put it after the optimizer, last in the chain: `optax.chain(optax.sgd(0.1),
   local_sgd(8, axis_name=...))`. Each worker's optimizer state stays its own.
+  Placed before the optimizer it runs without an error and trains something
+  else: it would take the raw gradient for the update, average w_n + g_n,
+  and the optimizer would then scale that average's difference from w_n, so
+  the workers never hold one model. Nothing can check the order (a chain's
+  `update` is a closure, and a stateless optimizer leaves no trace in the
+  state), so it is on the caller; the trainer builds its chains in this
+  order.
 
   After a synchronisation every worker should hold the synchronised model m.
   The update moves worker n there as w_n + (m − w_n), which rounds: with

@@ -46,7 +46,7 @@ def weighted_allreduce(*, axis_name: comm.AxisName) -> optax.GradientTransformat
 
   Returns:
     An `optax.GradientTransformationExtraArgs`; place it before the optimizer:
-    `optax.chain(weighted_allreduce(axis_name='data'), optax.sgd(0.1))`.
+    `optax.chain(weighted_allreduce(axis_name=workers.axis_name), optax.sgd(0.1))`.
 
   Example:
     >>> import jax, jax.numpy as jnp

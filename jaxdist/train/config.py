@@ -368,7 +368,7 @@ def base() -> ml_collections.ConfigDict:
   config.dataset.download = False
   config.dataset.train_split = 'train'
   config.dataset.test_split = 'test'
-  # used when name == 'synthetic' (labels from a random linear teacher)
+  # used when name == 'synthetic' (class prototypes plus noise: jaxdist.data.synthetic)
   config.dataset.image_shape = '32,32,3'
   config.dataset.num_classes = 10
   config.dataset.train_size = 2048

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -27,7 +28,7 @@ from jax.extend import core as jcore
 from jax.sharding import PartitionSpec as P
 
 from jaxdist import comm
-from jaxdist.models.masked import masked_cross_entropy, masked_mean
+from jaxdist.models.masked import masked_mean
 from jaxdist.runtime import DATA, SIM, Workers
 from jaxdist.sync.apply import apply_updates
 from jaxdist.sync.compressed import CompressedState
@@ -57,26 +58,70 @@ def _split_variables(variables: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
   return variables.pop('params'), variables
 
 
-def loss_fn(model: nn.Module, params, model_state, x, y, train: bool, count=None):
-  """Mean cross-entropy over the batch (its first `count` examples if given).
+Loss = Callable[[jax.Array, jax.Array], jax.Array]
 
-  Returns (loss, (logits, new_model_state)).
+
+def cross_entropy(logits_BxC: jax.Array, labels_B: jax.Array) -> jax.Array:
+  """Softmax cross-entropy of each example on integer labels: the steps' default `loss`."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits_BxC, labels_B)
+
+
+@functools.cache
+def _has_train(cls: type) -> bool:
+  return 'train' in inspect.signature(cls.__call__).parameters
+
+
+def takes_train(model: nn.Module) -> bool:
+  """Whether `model.__call__` has a `train` argument, which the steps then pass.
+
+  Read from the signature in Python (once per model class), never traced.
+  """
+  return _has_train(type(model))
+
+
+def _apply(model: nn.Module, variables, x, train: bool, mutable=False):
+  """`model.apply(variables, x)`, with `train=train` if the model takes it."""
+  kwargs = {'train': train} if takes_train(model) else {}
+  return model.apply(variables, x, mutable=mutable, **kwargs)
+
+
+def _per_example(loss: Loss, outputs, y) -> jax.Array:
+  """`loss(outputs, y)`, checked to hold one value per example (shape [B])."""
+  losses_B = loss(outputs, y)
+  if jnp.shape(losses_B) != (y.shape[0],):
+    raise ValueError(
+      f'loss must return one value per example, shape ({y.shape[0]},), got shape '
+      f'{jnp.shape(losses_B)}: return the per-example losses, not their mean'
+    )
+  return losses_B
+
+
+def _classes(outputs, y) -> bool:
+  """Whether `y` holds integer class labels of `outputs` (so accuracy means something)."""
+  return jnp.issubdtype(y.dtype, jnp.integer) and y.shape == outputs.shape[:-1]
+
+
+def loss_fn(
+  model: nn.Module, params, model_state, x, y, train: bool, count=None, loss: Loss = cross_entropy
+):
+  """Mean of `loss` over the batch (its first `count` examples if given).
+
+  Returns (loss, (outputs, new_model_state)).
   """
   variables = {'params': params, **model_state}
   if train and model_state:
-    logits, new_state = model.apply(variables, x, train=True, mutable=list(model_state))
+    outputs, new_state = _apply(model, variables, x, True, mutable=list(model_state))
   else:
-    logits, new_state = model.apply(variables, x, train=train), model_state
-  if count is None:
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-  else:
-    loss = masked_cross_entropy(logits, y, count)
-  return loss, (logits, new_state)
+    outputs, new_state = _apply(model, variables, x, train), model_state
+  losses_B = _per_example(loss, outputs, y)
+  mean = jnp.mean(losses_B) if count is None else masked_mean(losses_B, count)
+  return mean, (outputs, new_state)
 
 
 def init_params(model: nn.Module, rng: jax.Array, input_shape: tuple[int, ...]):
-  """(params, model_state) of one model replica."""
-  return _split_variables(model.init(rng, jnp.zeros((1, *input_shape)), train=False))
+  """(params, model_state) of one model replica, from a float32 batch of one example."""
+  kwargs = {'train': False} if takes_train(model) else {}
+  return _split_variables(model.init(rng, jnp.zeros((1, *input_shape)), **kwargs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +182,11 @@ def make_init(
   return jax.jit(init, out_shardings=workers.sharding)
 
 
+def _metrics(loss: jax.Array, accuracy: jax.Array | None) -> dict[str, jax.Array]:
+  """The step's per-worker metrics: `accuracy` only where the labels are classes."""
+  return {'loss': loss} if accuracy is None else {'loss': loss, 'accuracy': accuracy}
+
+
 # make_train_step's ways of running a device's simulated workers; TOGETHER run them at once
 PER_WORKER = ('auto', 'vmap', 'loop', 'shared', 'mean', 'device')
 TOGETHER = ('vmap', 'shared', 'mean', 'device')
@@ -152,8 +202,31 @@ def make_train_step(
   staggered: bool = False,
   counted: bool = False,
   per_worker: str = 'auto',
+  loss: Loss = cross_entropy,
 ) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
   """A jitted `(state, x_WxBx..., y_WxB[, counts_W[, scale_W]]) -> (state, metrics)`; donates state.
+
+  The model and loss (the same for `make_init`, `make_eval_step`,
+  `make_noise_step` and `make_reference_step`):
+
+  - `model` is a Flax module whose `__call__(x_Bx...)` returns the outputs
+    of a batch, `outputs_Bx...` (e.g. logits). If `__call__` has an argument
+    named `train`, the steps pass `train=True` in training and
+    `train=False` at `init` and evaluation; otherwise they call
+    `model.apply(variables, x)` (`takes_train`, read from the signature).
+    `init` sees a float32 batch of one example of `input_shape`. Variables
+    besides `params` (e.g. `batch_stats`) are the model state, mutable in
+    training and read-only in evaluation: a model with such state takes
+    `train` (e.g. batch norm's `use_running_average=not train`).
+  - `loss(outputs_Bx..., y_B...)` returns one loss per example, shape [B]
+    (a mean is refused); the step minimises their mean (the mean of the
+    first counts[k] with `counted`), and evaluation adds them up. The
+    labels `y` are whatever `loss` takes (integer classes, one-hot rows,
+    regression targets), with the batch as their leading axis. Default:
+    `cross_entropy`, softmax cross-entropy on integer labels.
+  - The `accuracy` metric (argmax of the outputs against the labels) is
+    reported only where `y` holds integer labels of the outputs' leading
+    shape (and evaluation's `correct` sum likewise).
 
   Each device runs its workers' forward/backward passes, then the optax
   chain (which may communicate over `workers.axis_name`) for all of them.
@@ -238,7 +311,7 @@ def make_train_step(
   Keyword arguments reach the chain as optax's extra arguments, one value
   per worker (e.g. `candidate=` of `compressed_allreduce(ratios=...)`).
 
-  Metrics, replicated: `loss` and `accuracy` averaged over workers (over
+  Metrics, replicated: `loss` and `accuracy` (where reported, above) averaged over workers (over
   examples, with `counted`); with a compressed all-reduce in the chain,
   each worker's `norms` and `gains` (its `CompressedState`); and
   `wire`: for each `Transfer` in the optimizer state (in tree order), how many
@@ -247,13 +320,17 @@ def make_train_step(
   """
 
   def accuracy_of(logits, y, *count):
+    if not _classes(logits, y):
+      return None
     correct = (jnp.argmax(logits, -1) == y).astype(jnp.float32)
     return masked_mean(correct, *count) if count else jnp.mean(correct)
 
   def gradients(params, model_state, x, y, *count):
     grad_fn = jax.value_and_grad(loss_fn, argnums=1, has_aux=True)
-    (loss, (logits, model_state)), grads = grad_fn(model, params, model_state, x, y, True, *count)
-    return grads, model_state, loss, accuracy_of(logits, y, *count)
+    (mean, (logits, model_state)), grads = grad_fn(
+      model, params, model_state, x, y, True, *count, loss=loss
+    )
+    return grads, model_state, mean, accuracy_of(logits, y, *count)
 
   def update(grads, opt_state, params, tx_args, *extra, tx=tx):  # extra: (count[, scale])
     kwargs = {'weight': extra[0]} if extra else {}
@@ -266,13 +343,13 @@ def make_train_step(
     """(the device's mean gradient, the workers' model states, losses, accuracies)."""
 
     def mean_loss(first):
-      one = lambda ms, x, y: loss_fn(model, first, ms, x, y, True)
+      one = lambda ms, x, y: loss_fn(model, first, ms, x, y, True, loss=loss)
       losses, (logits, new_state) = jax.vmap(one)(model_state, x, y)
       return jnp.mean(losses), (losses, logits, new_state)
 
     first = jax.tree.map(lambda p: p[0], params)
-    (_, (loss, logits, model_state)), grad = jax.value_and_grad(mean_loss, has_aux=True)(first)
-    return grad, model_state, loss, jax.vmap(accuracy_of)(logits, y)
+    (_, (losses, logits, model_state)), grad = jax.value_and_grad(mean_loss, has_aux=True)(first)
+    return grad, model_state, losses, jax.vmap(accuracy_of)(logits, y)
 
   def mean_gradients(params, model_state, x, y):
     """`mean_gradient`, handed to each of the device's workers."""
@@ -309,7 +386,7 @@ def make_train_step(
     averaged = jax.tree.map(lambda u: u[:1], averaged)  # every worker's is the same average
     params, device_state = chain(averaged, device_state, state.params, {})
     state = TrainState(params, model_state, (worker_state, device_state))
-    return state, {'loss': loss, 'accuracy': accuracy}
+    return state, _metrics(loss, accuracy)
 
   if per_worker not in PER_WORKER:
     raise ValueError(f'per_worker must be {WAYS}, got {per_worker!r}')
@@ -360,7 +437,7 @@ def make_train_step(
     else:
       grads, model_state, loss, accuracy = jax.vmap(gradients)(*args)
     params, opt_state = chain(grads, state.opt_state, state.params, tx_args, *extra)
-    return TrainState(params, model_state, opt_state), {'loss': loss, 'accuracy': accuracy}
+    return TrainState(params, model_state, opt_state), _metrics(loss, accuracy)
 
   mapped = jax.shard_map(
     device_step, mesh=workers.mesh, in_specs=P(DATA), out_specs=P(DATA), check_vma=False
@@ -550,7 +627,11 @@ def _rewritten(fn: Callable[..., Any], rule) -> Callable[..., Any]:
 
 
 def make_noise_step(
-  model: nn.Module, workers: Workers, counted: bool = False, per_worker: str = 'auto'
+  model: nn.Module,
+  workers: Workers,
+  counted: bool = False,
+  per_worker: str = 'auto',
+  loss: Loss = cross_entropy,
 ) -> Callable[..., tuple[jax.Array, jax.Array]]:
   """A jitted `(state, x, y[, counts]) -> (mean_k ‖g_k‖², ‖ḡ‖²)`: Scavenger's noise ingredients.
 
@@ -572,7 +653,8 @@ def make_noise_step(
   """
 
   def one(params, model_state, x, y, *count):
-    grads = jax.grad(lambda p: loss_fn(model, p, model_state, x, y, True, *count)[0])(params)
+    mean = lambda p: loss_fn(model, p, model_state, x, y, True, *count, loss=loss)[0]
+    grads = jax.grad(mean)(params)
     return grads, optax.tree.norm(grads, squared=True)
 
   def device(state: TrainState, x, y, *counts):
@@ -674,7 +756,9 @@ def _mean_over_workers(a: jax.Array) -> jax.Array:
   return jnp.mean(a, axis=0)
 
 
-def make_eval_step(model: nn.Module, workers: Workers) -> Callable[..., dict[str, jax.Array]]:
+def make_eval_step(
+  model: nn.Module, workers: Workers, loss: Loss = cross_entropy
+) -> Callable[..., dict[str, jax.Array]]:
   """A jitted `(state, x_Nx..., y_N, mask_N) -> sums` on the worker-averaged model.
 
   The model evaluated is the mean of the workers' trained parameters
@@ -690,16 +774,17 @@ def make_eval_step(model: nn.Module, workers: Workers) -> Callable[..., dict[str
   def evaluate(state: TrainState, x, y, mask):
     mean = lambda t: jax.tree.map(over_workers, t)
     variables = {'params': mean(trained_params(state)), **mean(state.model_state)}
-    logits = model.apply(variables, x, train=False)
-    loss_vec = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-    correct = (jnp.argmax(logits, -1) == y) * mask
-    return {'loss': jnp.sum(loss_vec * mask), 'correct': jnp.sum(correct), 'count': jnp.sum(mask)}
+    outputs = _apply(model, variables, x, False)
+    sums = {'loss': jnp.sum(_per_example(loss, outputs, y) * mask), 'count': jnp.sum(mask)}
+    if _classes(outputs, y):
+      sums['correct'] = jnp.sum((jnp.argmax(outputs, -1) == y) * mask)
+    return sums
 
   return jax.jit(evaluate, out_shardings=workers.replicated)
 
 
 def make_reference_step(
-  model: nn.Module, tx: optax.GradientTransformation
+  model: nn.Module, tx: optax.GradientTransformation, loss: Loss = cross_entropy
 ) -> Callable[..., tuple[Any, Any, Any, jax.Array]]:
   """One device, no workers: `(params, model_state, opt_state, x, y) -> (..., loss)`.
 
@@ -707,8 +792,9 @@ def make_reference_step(
   and the baseline of the step benchmark. `tx` must not communicate.
   """
 
+  grad_fn = jax.value_and_grad(functools.partial(loss_fn, loss=loss), argnums=1, has_aux=True)
+
   def step(params, model_state, opt_state, x, y):
-    grad_fn = jax.value_and_grad(loss_fn, argnums=1, has_aux=True)
     (loss, (_, model_state)), grads = grad_fn(model, params, model_state, x, y, True)
     updates, opt_state = tx.update(grads, opt_state, params)
     return apply_updates(params, updates, opt_state), model_state, opt_state, loss
