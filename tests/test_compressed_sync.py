@@ -181,9 +181,10 @@ CAST_PATHS = [
 ]
 
 
+@pytest.mark.parametrize('workers', [4, 6])
 @pytest.mark.parametrize('dtype, collective', CAST_PATHS)
-def test_cast_mean_is_finite_at_the_top_of_the_format(dtype, collective):
-  """4 workers at the format's largest finite value, and at 16,384 and 20,000: a finite mean.
+def test_cast_mean_is_finite_at_the_top_of_the_format(dtype, collective, workers):
+  """Workers at the format's largest finite value, and at 16,384 and 20,000: a finite mean.
 
   Each input is representable; a float16 sum of four 16,384s (65,536) is not,
   nor is four of any format's largest (bfloat16's: not even in float32). The
@@ -194,13 +195,13 @@ def test_cast_mean_is_finite_at_the_top_of_the_format(dtype, collective):
   top = float(jnp.finfo(dtype).max)
   u = float(jnp.finfo(dtype).eps) / 2
   columns = [top, -top, top / 3, 16384.0, 20000.0, 1.0, -0.75, 0.0]
-  g = np.array([[min(c, top) if c >= 0 else max(c, -top) for c in columns]] * 4)
-  g[:, 1] *= [1, 1, 1, 0.5]  # three at -top and one at -top / 2
+  g = np.array([[min(c, top) if c >= 0 else max(c, -top) for c in columns]] * workers)
+  g[-1, 1] /= 2  # all but one at -top, the last at -top / 2
   g = g.astype(np.float32)
   means, _ = cast_step(dtype, collective, g)
   exact = g.astype(np.float64).mean(0)
   err = np.max(np.abs(means - exact)) / top
-  roundings = 4 if collective == 'allreduce' else 1.001
+  roundings = workers if collective == 'allreduce' else 1.001
   assert err <= roundings * u, f'mean off by {err:.2e} of the largest value: {means[0]}'
 
 
@@ -227,6 +228,22 @@ def test_cast_mean_keeps_values_in_the_subnormal_range(dtype, collective):
   err = np.max(np.abs(means - exact) / exact)
   roundings = workers if collective == 'allreduce' else 1.001
   assert err <= roundings * u, f'mean off by {err:.2e} (relative): {means[0]} vs {exact}'
+
+
+@pytest.mark.parametrize(
+  'dtype, collective, workers, room',
+  [
+    ('float16', 'allreduce', 1, 65504.0),  # alone: nothing is summed
+    ('float16', 'allreduce', 8, 65504.0 / 16),  # N' = 8, and 2 for 7 roundings
+    ('float16', 'allreduce', 6, 65504.0 / 16),  # N' = 8
+    ('float16', 'allreduce', 1421, 65504.0 / 2048 / 4),  # (1 + 2^-11)^1420 > 2
+    ('bfloat16', 'allreduce', 179, float(jnp.finfo(jnp.bfloat16).max) / 256 / 4),
+    ('float16', 'allgather', 8, 65504.0),  # float32 holds 8 of them
+    ('bfloat16', 'allgather', 4, 2.0**124),  # float32's top / (4 · 2), a power of two
+  ],
+)
+def test_cast_room_by_hand(dtype, collective, workers, room):
+  assert jd.sync.compressed._room(jnp.dtype(dtype), collective, workers) == room
 
 
 def test_cast_all_reduce_sends_float16_and_one_float32_scale():
