@@ -19,15 +19,19 @@ def test_psum_pmean_all_gather_over_all_workers(devices):
     total, t_sum = comm.psum(xi, workers.axis_name)
     mean, _ = comm.pmean(xi, workers.axis_name)
     gathered, t_gather = comm.all_gather(xi, workers.axis_name)
+    largest, t_max = comm.pmax(jnp.abs(xi - 10.0), workers.axis_name)
     index = comm.axis_index(workers.axis_name)
     assert comm.axis_size(workers.axis_name) == 8
     assert (t_sum.kind, t_sum.nbytes) == ('all-reduce', 12)
     assert (t_gather.kind, t_gather.nbytes) == ('all-gather', 12)
-    return total, mean, gathered, index
+    assert (t_max.kind, t_max.nbytes) == ('all-reduce', 12)
+    return total, mean, gathered, index, largest
 
-  total, mean, gathered, index = jax.jit(workers.map(per_worker, in_axes=(0,)))(
+  total, mean, gathered, index, largest = jax.jit(workers.map(per_worker, in_axes=(0,)))(
     jax.device_put(x, workers.sharding)
   )
+  # worker i holds |[3i, 3i + 1, 3i + 2] - 10|: largest at i = 7, [11, 12, 13]
+  np.testing.assert_array_equal(largest, np.broadcast_to([11.0, 12.0, 13.0], (8, 3)))
   np.testing.assert_allclose(total, np.broadcast_to(x.sum(0), (8, 3)))
   np.testing.assert_allclose(mean, np.broadcast_to(x.mean(0), (8, 3)), rtol=1e-6)
   np.testing.assert_array_equal(gathered, np.broadcast_to(x, (8, 8, 3)))

@@ -644,6 +644,26 @@ def test_powersgd_recovers_a_low_rank_matrix():
   np.testing.assert_allclose(q.T @ q, np.eye(3), atol=1e-5)
 
 
+@pytest.mark.parametrize('condition', [1e2, 1e4, 1e6])
+def test_orthogonalize_is_orthonormal_for_ill_conditioned_columns(condition):
+  """Columns orthonormal to float32 rounding, spanning p's, whatever p's condition number.
+
+  p = U diag(s) V^T with s from 1 down to 1 / condition, built in float64: one
+  pass of Gram–Schmidt leaves ‖Q^T Q − I‖ near float32's epsilon times the
+  condition number (5e-4 at 1e4 here, 1e-2 at 1e6); a second pass brings it
+  below 1e-6.
+  """
+  rng = np.random.default_rng(3)
+  u = np.linalg.qr(rng.standard_normal((200, 8)))[0]
+  v = np.linalg.qr(rng.standard_normal((8, 8)))[0]
+  p = (u * np.geomspace(1.0, 1.0 / condition, 8)) @ v.T
+  q = np.asarray(C.orthogonalize(jnp.asarray(p, jnp.float32)), np.float64)
+  orthogonality = np.abs(q.T @ q - np.eye(8)).max()
+  assert orthogonality <= 1e-6, orthogonality
+  spanned = np.linalg.norm(p - q @ (q.T @ p)) / np.linalg.norm(p)  # p lies in Q's span
+  assert spanned <= 1e-6, spanned
+
+
 def test_warmup_ratios_follow_dgc():
   # DGC's code: ratio(e) = final ** ((e + 1) / (stages + 1)); the paper rounds these to
   # 75%, 93.75%, 98.4375%, 99.6% sparsity before the final 99.9%.

@@ -127,6 +127,7 @@ def test_artopk_uses_the_star_leaders_indices():
     (C.qsgd(levels=7), 'allgather'),
     (C.ef_sign(), 'allgather'),
     (C.cast('bfloat16'), 'allreduce'),
+    (C.cast('float16'), 'allreduce'),
     (C.powersgd(rank=1), 'allreduce'),
   ],
   ids=repr,
@@ -155,6 +156,104 @@ def test_error_feedback_conserves_mass(compressor, collective):
       sent = [flat(out, 0)]
     for gi, si, oi, ni in zip(g, sent, old, new, strict=True):
       np.testing.assert_allclose(W * si + ni.sum(0), (gi + oi).sum(0), **tol)
+
+
+def cast_step(dtype, collective, grads_WxD):
+  """One step of compressed_allreduce(cast(dtype)) without error feedback: (means, its HLO)."""
+  tx = jd.sync.compressed_allreduce(
+    C.cast(dtype), axis_name=runtime.AXES, collective=collective, error_feedback=False
+  )
+  workers = grads_WxD.shape[0]
+  run = testing.Run(tx, {'x': jnp.zeros(grads_WxD.shape[1:])}, workers=workers, devices=workers)
+  grads = {'x': jnp.asarray(grads_WxD)}
+  found = lowered_collectives(run, grads)
+  run(grads)
+  return np.asarray(run.updates['x'], np.float64), found
+
+
+CAST_PATHS = [
+  ('float16', 'allreduce'),
+  ('float16', 'allgather'),
+  ('bfloat16', 'allreduce'),
+  ('bfloat16', 'allgather'),
+  ('float8_e4m3fn', 'allgather'),
+  ('float8_e5m2', 'allgather'),
+]
+
+
+@pytest.mark.parametrize('workers', [4, 6])
+@pytest.mark.parametrize('dtype, collective', CAST_PATHS)
+def test_cast_mean_is_finite_at_the_top_of_the_format(dtype, collective, workers):
+  """Workers at the format's largest finite value, and at 16,384 and 20,000: a finite mean.
+
+  Each input is representable; a float16 sum of four 16,384s (65,536) is not,
+  nor is four of any format's largest (bfloat16's: not even in float32). The
+  mean is within the format's rounding of the exact one: u of the largest
+  value for each worker's cast, and on an all-reduce's wire u more for each
+  of the N − 1 additions (a gather sums in float32).
+  """
+  top = float(jnp.finfo(dtype).max)
+  u = float(jnp.finfo(dtype).eps) / 2
+  columns = [top, -top, top / 3, 16384.0, 20000.0, 1.0, -0.75, 0.0]
+  g = np.array([[min(c, top) if c >= 0 else max(c, -top) for c in columns]] * workers)
+  g[-1, 1] /= 2  # all but one at -top, the last at -top / 2
+  g = g.astype(np.float32)
+  means, _ = cast_step(dtype, collective, g)
+  exact = g.astype(np.float64).mean(0)
+  err = np.max(np.abs(means - exact)) / top
+  roundings = workers if collective == 'allreduce' else 1.001
+  assert err <= roundings * u, f'mean off by {err:.2e} of the largest value: {means[0]}'
+
+
+@pytest.mark.parametrize('dtype, collective', [p for p in CAST_PATHS if p[0] != 'bfloat16'])
+def test_cast_mean_keeps_values_in_the_subnormal_range(dtype, collective):
+  """Gradients between the format's smallest normal and below its smallest subnormal.
+
+  Cast as they are, these round to the subnormal grid or to zero (float16
+  below 3e-8, float8_e4m3fn below 1e-3); with the shared power-of-two scale
+  each keeps the format's relative precision u, and the mean is within u per
+  rounding of the exact one, element by element: one for each worker's cast,
+  and on an all-reduce's wire one per addition. (bfloat16 shares float32's
+  exponents: its subnormals are float32's, whose arithmetic XLA's CPU
+  flushes to zero.)
+  """
+  info = jnp.finfo(dtype)
+  u = float(info.eps) / 2
+  workers = 8
+  steps_below = int(np.log2(float(info.smallest_normal) / float(info.smallest_subnormal))) + 2
+  column = float(info.smallest_normal) * 2.0 ** -np.arange(steps_below)  # down past the bottom
+  g = (column[None, :] * (1 + np.arange(workers)[:, None] / 16)).astype(np.float32)
+  means, _ = cast_step(dtype, collective, g)
+  exact = g.astype(np.float64).mean(0)
+  err = np.max(np.abs(means - exact) / exact)
+  roundings = workers if collective == 'allreduce' else 1.001
+  assert err <= roundings * u, f'mean off by {err:.2e} (relative): {means[0]} vs {exact}'
+
+
+@pytest.mark.parametrize(
+  'dtype, collective, workers, room',
+  [
+    ('float16', 'allreduce', 1, 65504.0),  # alone: nothing is summed
+    ('float16', 'allreduce', 8, 65504.0 / 16),  # N' = 8, and 2 for 7 roundings
+    ('float16', 'allreduce', 6, 65504.0 / 16),  # N' = 8
+    ('float16', 'allreduce', 1421, 65504.0 / 2048 / 4),  # (1 + 2^-11)^1420 > 2
+    ('bfloat16', 'allreduce', 179, float(jnp.finfo(jnp.bfloat16).max) / 256 / 4),
+    ('float16', 'allgather', 8, 65504.0),  # float32 holds 8 of them
+    ('bfloat16', 'allgather', 4, 2.0**124),  # float32's top / (4 · 2), a power of two
+  ],
+)
+def test_cast_room_by_hand(dtype, collective, workers, room):
+  assert jd.sync.compressed._room(jnp.dtype(dtype), collective, workers) == room
+
+
+def test_cast_all_reduce_sends_float16_and_one_float32_scale():
+  """What crosses for float16 on an all-reduce: the payload in f16, and a f32 max per vector."""
+  g = np.random.default_rng(0).standard_normal((8, 1000)).astype(np.float32)
+  _, found = cast_step('float16', 'allreduce', g)
+  assert sorted((c.kind, c.dtypes, c.nbytes) for c in found) == [
+    ('all-reduce', ('f16',), 2 * 1000),
+    ('all-reduce', ('f32',), 4),
+  ]
 
 
 def test_topk_residual_is_what_was_not_sent():
@@ -213,6 +312,65 @@ def test_powersgd_matches_a_numpy_reference():
     np.testing.assert_allclose(outs[step]['bias'][3], mean_of(all_grads[step])['bias'], atol=1e-6)
 
 
+def float64_powersgd(grads_TxWxRxC, q0):
+  """PowerSGD with error feedback and warm start in float64, each basis from NumPy's QR.
+
+  Per step: M_n = g_n + e_n; P = mean_n M_n Q with Q's columns made
+  orthonormal first; P^ = an orthonormal basis of P's columns; Q = mean_n
+  M_n^T P^; the mean is P^ Q^T and e_n = M_n − P^ Q^T. (Q's basis leaves
+  the result unchanged in exact arithmetic.) Returns per step (mean, e).
+  """
+  basis = lambda a: np.linalg.qr(a)[0]
+  memory = np.zeros_like(grads_TxWxRxC[0])
+  q, out = q0, []
+  for g in grads_TxWxRxC:
+    m = g + memory
+    p_hat = basis(np.mean(m @ basis(q), axis=0))
+    q = np.mean(np.swapaxes(m, 1, 2) @ p_hat, axis=0)
+    memory = m - p_hat @ q.T
+    out.append((p_hat @ q.T, memory))
+  return out
+
+
+def relative(a, b):
+  return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize('rank', [4, 6, 8])
+def test_powersgd_at_higher_ranks_stays_at_float32_accuracy(rank):
+  """Ten warm-started steps stay within float32's reach of float64: mean and memory.
+
+  The gradients share a decaying spectrum (σ_k ∝ (k + 1)^-3) plus per-worker
+  noise, as real gradients do. A warm-started Q carries M's leading singular
+  values; used without orthogonalising it, M Q has a condition number near
+  (σ_1 / σ_r)², and the same run is off float64 by up to 7e-5 (rank 4) to
+  7e-4 (rank 8) in the mean, 3.5e-4 to 6.3e-3 in the memory. Here: at most
+  1.2e-6 and 5.1e-6. The memory M − P^ Q^T is smaller than M by the
+  spectrum's tail, so float32's rounding of M weighs more in it (its bound).
+  """
+  rows, cols, steps = 96, 64, 10
+  rng = np.random.default_rng(1)
+  u = np.linalg.qr(rng.standard_normal((rows, cols)))[0]
+  v = np.linalg.qr(rng.standard_normal((cols, cols)))[0]
+  sigma = (1.0 + np.arange(cols)) ** -3.0
+  grads = []
+  for _ in range(steps):
+    shared = (u * sigma * (1 + 0.1 * rng.standard_normal(cols))) @ v.T
+    noise = 1e-3 * rng.standard_normal((W, rows, cols))
+    grads.append((shared + noise).astype(np.float32))
+  run = testing.Run(
+    jd.sync.powersgd(rank, axis_name=runtime.AXES), {'w': jnp.zeros((rows, cols))}, workers=W
+  )
+  q0 = np.asarray(run.state.qs[0][0], np.float64)
+  expected = float64_powersgd([g.astype(np.float64) for g in grads], q0)
+  for step, (g, (mean, memory)) in enumerate(zip(grads, expected, strict=True)):
+    run({'w': jnp.asarray(g)})
+    err_mean = relative(np.asarray(run.updates['w'][0]), mean)
+    err_memory = relative(np.asarray(run.state.residual[0]), memory)
+    assert err_mean <= 3e-6, f'step {step}: mean off float64 by {err_mean:.2e}'
+    assert err_memory <= 1.5e-5, f'step {step}: memory off float64 by {err_memory:.2e}'
+
+
 def bytes_by_kind(records):
   total = collections.Counter()
   for kind, nbytes in records:
@@ -234,8 +392,11 @@ def bytes_by_kind(records):
     (C.terngrad(), 'allgather', {}, {'f32', 'u8'}),
     (C.sign(), 'allgather', {}, {'u8'}),
     (C.onebit(), 'allgather', {}, {'f32', 'u8'}),
-    (C.cast('bfloat16'), 'allreduce', {}, {'bf16'}),
-    (C.cast('float8_e4m3fn'), 'allgather', {}, {'f8e4m3fn'}),
+    (C.cast('bfloat16'), 'allreduce', {}, {'bf16', 'f32'}),  # f32: the shared scale's max
+    (C.cast('float16'), 'allreduce', {}, {'f16', 'f32'}),
+    (C.cast('float16'), 'allreduce', {'fused': False}, {'f16', 'f32'}),
+    (C.cast('float16'), 'allreduce', {'min_size': 10**6}, {'f32'}),  # all dense: no scale
+    (C.cast('float8_e4m3fn'), 'allgather', {}, {'f8e4m3fn', 'f32'}),
     (C.powersgd(rank=2), 'allreduce', {}, {'f32'}),
     (C.topk(ratio=0.05), 'allgather', {'min_size': 50}, {'f32', 's32'}),
   ],

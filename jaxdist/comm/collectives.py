@@ -165,6 +165,11 @@ def pmean(tree: Any, axis_name: AxisName) -> tuple[Any, Transfer]:
   return jax.tree.map(lambda x: (x / n).astype(x.dtype), total), sent
 
 
+def pmax(tree: Any, axis_name: AxisName) -> tuple[Any, Transfer]:
+  """Elementwise maximum of `tree` over workers: one all-reduce (with `max`) of the tree."""
+  return lax.pmax(tree, _names(axis_name)), transfer(ALL_REDUCE, tree_nbytes(tree))
+
+
 def all_gather(tree: Any, axis_name: AxisName, *, subgroup: bool = False) -> tuple[Any, Transfer]:
   """Stacks every worker's `tree` along a new leading axis of size N.
 

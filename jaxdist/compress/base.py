@@ -37,6 +37,9 @@ class Compressor:
   unbiased: ClassVar[bool] = False  # E[decode(encode(x))] == x
   stochastic: ClassVar[bool] = False  # encode uses its key
   shared_randomness: ClassVar[bool] = False  # every worker must use the same key
+  # the narrow float dtype a payload rounds to (casts): compressed_allreduce then scales each
+  # vector by a power of two that every worker shares, so that it fits (None: no scale)
+  narrow_dtype: ClassVar[Any] = None
 
   def check(self, n: int) -> None:
     """Raises ValueError if the compressor cannot handle vectors of length n."""

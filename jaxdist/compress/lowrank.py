@@ -3,10 +3,17 @@
 Pure pieces only; the transform `jaxdist.sync.powersgd` puts the two
 all-reduces between them:
 
-  P = M Q;  P <- mean over workers;  P^ = orthogonalize(P)
+  P = M orthogonalize(Q);  P <- mean over workers;  P^ = orthogonalize(P)
   Q = M^T P^;  Q <- mean over workers;  approximation = P^ Q^T
 
 with Q warm-started from the previous step and M = gradient + error memory.
+Q is orthogonalised before it multiplies M, as in PyTorch's `powerSGD_hook`
+and the maintained epfml/powersgd (the paper's first code used it as it
+was). In exact arithmetic that changes nothing: Q and its orthonormal basis
+span the same columns, and so do the two P's. In float32 it does: a
+warm-started Q = M^T P^ carries M's leading singular values in its columns,
+so M Q's condition number is about (σ_1 / σ_r)², against σ_1 / σ_r for M
+times an orthonormal Q, and what P^ loses grows with it.
 """
 
 from __future__ import annotations
@@ -19,7 +26,22 @@ import jax.numpy as jnp
 
 
 def orthogonalize(p: jax.Array, eps: float = 1e-8) -> jax.Array:
-  """Gram-Schmidt on the columns of p [m, r] (as in epfml/powersgd)."""
+  """An orthonormal basis of the columns of p [m, r]: Gram–Schmidt, applied twice.
+
+  One pass of (modified) Gram–Schmidt leaves columns that are orthogonal only
+  to about float32's epsilon times p's condition number; a second pass over
+  its output brings them to working precision for any p not numerically
+  rank-deficient ("twice is enough": Giraud, Langou, Rozložník, 2005), as
+  the Householder QR that PyTorch's `powerSGD_hook` (rank > 2) and
+  epfml/powersgd use does. Column i spans what columns 0..i of p span;
+  `eps` is added to each norm, so a zero column stays zero instead of
+  becoming NaN.
+  """
+  return _gram_schmidt(_gram_schmidt(p, eps), eps)
+
+
+def _gram_schmidt(p: jax.Array, eps: float) -> jax.Array:
+  """One pass of modified Gram–Schmidt over the columns of p [m, r]."""
   cols = []
   for i in range(p.shape[1]):
     col = p[:, i]
@@ -73,7 +95,8 @@ class PowerSGD:
 
   @staticmethod
   def project(m: jax.Array, q: jax.Array) -> jax.Array:
-    return m @ q
+    """P = M orthogonalize(Q) [rows, r]: Q's columns made orthonormal first."""
+    return m @ orthogonalize(q)
 
   @staticmethod
   def back(m: jax.Array, p_hat: jax.Array) -> jax.Array:

@@ -53,10 +53,13 @@ def powersgd(
   `min_size` elements is the matrix M [prod(...), out] (plus its error
   memory e): one step of power iteration with the previous step's Q,
 
-    P = mean_n (M_n Q);  P^ = orthogonalize(P);  Q = mean_n (M_n^T P^);
-    mean ≈ P^ Q^T;  e_n <- M_n − P^ Q^T,
+    P = mean_n (M_n orthogonalize(Q));  P^ = orthogonalize(P);
+    Q = mean_n (M_n^T P^);  mean ≈ P^ Q^T;  e_n <- M_n − P^ Q^T,
 
-  costs two all-reduces of (rows + cols)·r floats instead of rows·cols. Error
+  costs two all-reduces of (rows + cols)·r floats instead of rows·cols.
+  Orthogonalising the warm-started Q first, as PyTorch's hook and the
+  maintained epfml/powersgd do, keeps float32 close to a float64 run at
+  every rank (`jaxdist.compress.lowrank`'s docstring says why). Error
   feedback is with respect to the averaged approximation, as in
   epfml/powersgd. Smaller and 1-D tensors (biases, norms) are averaged
   densely, in float32, in the same all-reduce as P: each step is two
