@@ -22,11 +22,27 @@ comparison:
   workers' error memories against a float64 run of the algorithm from the
   same first Q; and, from that run, the largest condition number of
   mean_n M_n Q with the warm-started Q as it is and orthogonalised.
+- local_sgd: `optax.chain(optax.sgd(lr), jd.sync.local_sgd(period,
+  warmup_steps=...))` through `jd.testing.Run` and torch.optim.SGD with
+  `PeriodicModelAverager` (and, in a post-local SGD setting, DDP's
+  `post_localSGD_hook` for the gradients of its warm-up) on a linear
+  least-squares model, --steps steps from one initial model, each worker with
+  its own data every step (`LOCAL_SGD_SETTINGS`; the last gives jaxdist
+  warmup_steps=w where w + 1 lines up, to show schedules that differ): the
+  steps at which each side synchronised, the largest relative difference of
+  a worker's model between the sides after each step, and whether each
+  side's workers hold bitwise the same model. Both sides compute the gradients with one numpy
+  expression (`lsq_grad`), so the models differ only by rounding: XLA rounds
+  −lr·g and then adds it, torch.optim.SGD's `add_(g, alpha=−lr)` is one
+  fused multiply-add, and the two all-reduces sum in their own orders. In a
+  warm-up jaxdist averages the models after each worker's own step and DDP
+  steps every worker on the mean gradient; the two agree because a warm-up
+  step starts from one model on every worker (the initial one, or the one
+  the previous warm-up step left), w − lr·mean_n g_n = mean_n (w − lr·g_n).
 
 Without --torch_python only jaxdist's half runs. A section is an entry of
 SECTIONS here (inputs, jaxdist's half, the comparison) and one of
-peer_check_torch.py's SECTIONS under the same name (e.g. a later local_sgd
-for PyTorch's PeriodicModelAverager).
+peer_check_torch.py's SECTIONS under the same name.
 """
 
 import os
@@ -37,10 +53,10 @@ import numpy as np
 from absl import app, flags
 
 flags.DEFINE_string('torch_python', None, 'A Python with torch; without it, jaxdist only.')
-flags.DEFINE_list('sections', ['fp16', 'powersgd'], 'Which comparisons to run.')
+flags.DEFINE_list('sections', ['fp16', 'powersgd', 'local_sgd'], 'Which comparisons to run.')
 flags.DEFINE_integer('workers', 4, 'Workers on each side.')
 flags.DEFINE_list('ranks', ['1', '2', '4', '8'], 'PowerSGD ranks.')
-flags.DEFINE_integer('steps', 12, 'PowerSGD steps (the first 2 dense).')
+flags.DEFINE_integer('steps', 12, 'Steps of powersgd (the first 2 dense) and of local_sgd.')
 flags.DEFINE_integer('seed', 0, 'Seed of the inputs.')
 FLAGS = flags.FLAGS
 TORCH_SIDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'peer_check_torch.py')
@@ -185,21 +201,131 @@ def powersgd_report(inputs, sides):
   return lines
 
 
+# (period, jaxdist's warmup_steps, PyTorch's warmup_steps, whether PyTorch's
+# warm-up all-reduces the gradients as DDP with post_localSGD_hook does).
+# jaxdist's step t synchronises when t < warmup_steps or (t − warmup_steps + 1)
+# % period == 0; PyTorch's averager when t >= w and (t − w) % period == 0.
+LOCAL_SGD_SETTINGS = (
+  (4, 0, 3, False),  # local steps; averages after 3, 7, 11
+  (4, 1, 0, False),  # averages after 0, 4, 8
+  (4, 3, 2, True),  # post-local SGD: all-reduced gradients at 0, 1; averages after 2, 6, 10
+  (1, 0, 0, False),  # averages after every step
+  (4, 2, 2, True),  # schedules that differ: jaxdist's warm-up one step short
+)
+EVENTS = ('local', 'grads', 'models')  # PyTorch's per-step record: 0, 1, 2
+
+
+def lsq_grad(w_DxK, x_BxD, y_BxK):
+  """Gradient of ½ mean_b ||x_b W − y_b||² at a float32 W, in float64, rounded to float32.
+
+  peer_check_torch.py computes it with the same numpy expression, so that
+  the two sides get bitwise the same gradients from bitwise the same models.
+  """
+  w = w_DxK.astype(np.float64)
+  return (x_BxD.T @ (x_BxD @ w - y_BxK) / len(x_BxD)).astype(np.float32)
+
+
+def local_sgd_inputs(workers, rng, steps=None, dim=32, outputs=8, batch=16):
+  """A linear model, W [dim, outputs], and per step (--steps) and worker a batch of its own.
+
+  Worker n's targets come from a teacher of its own, so that its local steps
+  pull its model away from the others'.
+  """
+  steps = steps or FLAGS.steps
+  teachers = rng.normal(size=(workers, dim, outputs))
+  x = rng.normal(size=(steps, workers, batch, dim))
+  noise = rng.normal(0, 0.1, (steps, workers, batch, outputs))
+  return {
+    'x': x,
+    'y': np.einsum('twbd,wdk->twbk', x, teachers) + noise,
+    'w0': rng.normal(0, 0.1, (dim, outputs)).astype(np.float32),
+    'lr': np.asarray(0.05),
+    'settings': np.asarray(LOCAL_SGD_SETTINGS),
+  }
+
+
+def local_sgd_jaxdist(inputs):
+  """Per setting every worker's model after each step, and whether the step synchronised."""
+  import jax.numpy as jnp
+  import optax
+
+  import jaxdist as jd
+  from jaxdist import runtime, testing
+
+  x, y = inputs['x'], inputs['y']
+  workers, out = x.shape[1], {}
+  for i, (period, warmup, *_) in enumerate(inputs['settings']):
+    sync = jd.sync.local_sgd(int(period), warmup_steps=int(warmup), axis_name=runtime.AXES)
+    tx = optax.chain(optax.sgd(float(inputs['lr'])), sync)
+    run = testing.Run(tx, {'w': jnp.asarray(inputs['w0'])}, workers=workers, devices=workers)
+    models, synced = [], []
+    for x_WxBxD, y_WxBxK in zip(x, y, strict=True):
+      params = np.asarray(run.params['w'])
+      grads = [lsq_grad(*a) for a in zip(params, x_WxBxD, y_WxBxK, strict=True)]
+      run({'w': jnp.asarray(np.stack(grads))})  # sgd, local_sgd, then sync.apply_updates
+      models.append(np.asarray(run.params['w']))
+      synced.append(bool(run.state[-1].just_synced[0]))
+    out[f'models_{i}'], out[f'events_{i}'] = np.stack(models), 2 * np.asarray(synced)
+  return out  # models_i: [T, W, D, K]; events_i: [T], 0 local or 2 models averaged
+
+
+def one_model(models_WxDxK):
+  return all(np.array_equal(models_WxDxK[0], m) for m in models_WxDxK[1:])
+
+
+def schedule(events):
+  """'grads 0, 1; models 2, 6, 10': at which steps which synchronisation ran."""
+  parts = []
+  for code, name in enumerate(EVENTS[1:], 1):
+    steps = np.flatnonzero(events == code)
+    if steps.size:
+      parts.append(f'{name} {", ".join(map(str, steps))}')
+  return '; '.join(parts) or 'never'
+
+
+def local_sgd_report(inputs, sides):
+  lines = []
+  for i, (period, warmup, torch_warmup, ddp) in enumerate(inputs['settings']):
+    grads = f'post_localSGD_hook(start_localSGD_iter={torch_warmup})' if ddp else 'local warm-up'
+    lines += [
+      f'\nperiod {period}: jaxdist local_sgd(warmup_steps={warmup}) | PyTorch '
+      f'PeriodicModelAverager(warmup_steps={torch_warmup}), {grads}'
+    ]
+    runs = {side: (out[f'models_{i}'], out[f'events_{i}']) for side, out in sides.items()}
+    lines += [f'{side:7} synchronised: {schedule(events)}' for side, (_, events) in runs.items()]
+    if len(runs) == 2:
+      same = np.array_equal(runs['jaxdist'][1] > 0, runs['PyTorch'][1] > 0)
+      lines.append(f'steps that synchronised: {"the same" if same else "DIFFER"}')
+    head = ' | '.join(f'{side:7}' for side in runs)
+    lines.append(f'step | {head} | max rel. diff | one model bitwise: ' + ', '.join(runs))
+    for t in range(len(inputs['x'])):
+      events = ' | '.join(f'{EVENTS[e[t]]:7}' for _, e in runs.values())
+      equal = ', '.join('yes' if one_model(m[t]) else 'no' for m, _ in runs.values())
+      diff = '-'
+      if len(runs) == 2:
+        (a, _), (b, _) = runs.values()
+        diff = f'{max(rel(a[t, n], b[t, n]) for n in range(len(b[t]))):.2e}'
+      lines.append(f'{t:4} | {events} | {diff:>13} | {equal}')
+  return lines
+
+
 SECTIONS = {
   'fp16': (fp16_inputs, fp16_jaxdist, fp16_report),
   'powersgd': (powersgd_inputs, powersgd_jaxdist, powersgd_report),
+  'local_sgd': (local_sgd_inputs, local_sgd_jaxdist, local_sgd_report),
 }
+PER_WORKER = ('memory_', 'models_')  # PyTorch's arrays that come back one a worker
 
 
 def torch_side(section, inputs_path, workers, folder):
-  """PyTorch's half of `section`: worker 0's arrays, with the workers' `memory_*` stacked."""
+  """PyTorch's half of `section`: worker 0's arrays, with the workers' PER_WORKER ones stacked."""
   cmd = [FLAGS.torch_python, TORCH_SIDE, section, str(workers), inputs_path, folder]
   subprocess.run(cmd, check=True, timeout=900, env={**os.environ, 'PYTHONPATH': ''})
   ranks = [dict(np.load(os.path.join(folder, f'{w}.npz'))) for w in range(workers)]
   out = ranks[0]
   for key in out:
-    if key.startswith('memory_'):
-      out[key] = np.stack([r[key] for r in ranks], axis=1)  # [T, W, R, C]
+    if key.startswith(PER_WORKER):
+      out[key] = np.stack([r[key] for r in ranks], axis=1)  # [T, W, ...]
   return out
 
 

@@ -1,4 +1,4 @@
-"""The PyTorch half of peer_check.py: DDP's communication hooks on the inputs it saved.
+"""The PyTorch half of peer_check.py: DDP's hooks and model averagers on the inputs it saved.
 
 Run by peer_check.py with a Python that has torch (never the project's):
 
@@ -17,12 +17,18 @@ one to SECTIONS beside its jaxdist half in peer_check.py.
 import os
 import socket
 import sys
+import warnings
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks import (
+  default_hooks,
+  post_localSGD_hook,
+  powerSGD_hook,
+)
+from torch.distributed.algorithms.model_averaging import averagers
 
 
 def fp16(rank, world, inputs):
@@ -83,7 +89,55 @@ def powersgd(rank, world, inputs):
   return out
 
 
-SECTIONS = {'fp16': fp16, 'powersgd': powersgd}
+def lsq_grad(w_DxK, x_BxD, y_BxK):
+  """peer_check.py's lsq_grad: ½ mean_b ||x_b W − y_b||²'s gradient, in float64, to float32."""
+  w = w_DxK.astype(np.float64)
+  return (x_BxD.T @ (x_BxD @ w - y_BxK) / len(x_BxD)).astype(np.float32)
+
+
+def local_sgd(rank, world, inputs):
+  """torch.optim.SGD then PeriodicModelAverager, per setting of inputs['settings'].
+
+  Each step this worker's gradient of the linear model on its own batch
+  goes through post_localSGD_hook as DDP would hand it over: in a setting
+  whose warm-up all-reduces gradients (start_localSGD_iter = the averager's
+  warmup_steps) the hook averages it over the workers for the steps before
+  that, otherwise (start_localSGD_iter=0) it returns it as it is. After the
+  warm-up it returns it as it is too: post_local_gradient_allreduce=False,
+  since with the default (True) and subgroup=None it all-reduces within the
+  node's subgroup, here every worker, and no step would be local. Then the
+  optimizer steps and the averager is called. Returns per setting i this
+  worker's model after every step, models_i [T, D, K], and what each step
+  did, events_i [T]: 0 local, 1 gradients all-reduced (the hook's iteration
+  count moved), 2 models averaged (the averager replaced the parameter's
+  data with its all-reduced buffer).
+  """
+  x, y, out = inputs['x'], inputs['y'], {}
+  for i, (period, _, warmup, ddp) in enumerate(inputs['settings']):
+    w = torch.nn.Parameter(torch.from_numpy(inputs['w0'].copy()))
+    optimizer = torch.optim.SGD([w], lr=float(inputs['lr']))
+    with warnings.catch_warnings():  # period 1: 'only DistributedDataParallel should be used'
+      warnings.simplefilter('ignore')
+      averager = averagers.PeriodicModelAverager(int(period), warmup_steps=int(warmup))
+    start = int(warmup) if ddp else 0
+    hook = post_localSGD_hook.PostLocalSGDState(
+      None, None, start, post_local_gradient_allreduce=False
+    )
+    models, events = [], []
+    for x_WxBxD, y_WxBxK in zip(x, y, strict=True):
+      bucket = Bucket(torch.from_numpy(lsq_grad(w.detach().numpy(), x_WxBxD[rank], y_WxBxK[rank])))
+      iteration = hook.iter
+      w.grad = post_localSGD_hook.post_localSGD_hook(hook, bucket).wait().view(w.shape)
+      optimizer.step()
+      data = w.data_ptr()
+      averager.average_parameters([w])
+      events.append(2 if w.data_ptr() != data else int(hook.iter > iteration))
+      models.append(w.detach().numpy().copy())
+    out[f'models_{i}'], out[f'events_{i}'] = np.stack(models), np.asarray(events)
+  return out
+
+
+SECTIONS = {'fp16': fp16, 'powersgd': powersgd, 'local_sgd': local_sgd}
 
 
 def worker(rank, world, port, section, inputs_path, out_dir):
