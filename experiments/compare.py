@@ -17,6 +17,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from jaxdist.train import cli
+
 config_flags.DEFINE_config_file('config', None, 'Base config, e.g. configs/digits.py.')
 flags.DEFINE_string('workdir', None, 'Directory; each variant trains in a subdirectory.')
 flags.DEFINE_list('only', None, "Variants to train (default: the config's `compare`).")
@@ -28,8 +30,6 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  from jaxdist.train import cli
-
   cli.setup(FLAGS.cpu_devices)
   from jaxdist.train import compare
 
@@ -39,4 +39,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

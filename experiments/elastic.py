@@ -25,6 +25,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from jaxdist.train import cli
+
 config_flags.DEFINE_config_file('config', None, 'Base config, e.g. configs/digits.py.')
 flags.DEFINE_string('workdir', None, 'Directory; each run trains in a subdirectory.')
 flags.DEFINE_list('variants', ['dense', 'topk1_ef', 'local4', 'diloco8'], 'Variants to train.')
@@ -34,6 +36,7 @@ flags.DEFINE_integer('resume_at', None, 'Step the run continues from (default: h
 flags.DEFINE_string('results', None, 'Also write the markdown table here.')
 flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
 flags.mark_flags_as_required(['config', 'workdir'])
+cli.integers('to')
 FLAGS = flags.FLAGS
 
 COLUMNS = (
@@ -61,16 +64,14 @@ def cut_back(source: str, target: str, step: int) -> None:
 
 def main(argv):
   del argv
-  from jaxdist.train import cli
-
   cli.setup(FLAGS.cpu_devices)
   from jaxdist.train import compare, metrics, report, trainer
 
   base = FLAGS.config
   resume_at = FLAGS.resume_at or base.steps // 2
   rows = []
-  for name in FLAGS.variants:
-    config = compare.variant_config(base, name)
+  configs = {name: cli.run(compare.variant_config, base, name) for name in FLAGS.variants}
+  for name, config in configs.items():
     config.progress = False
     config.workers = FLAGS.workers
     config.checkpoint_every = resume_at
@@ -113,4 +114,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

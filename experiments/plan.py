@@ -44,6 +44,8 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxdist.train import cli
+
 DIGITS = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'configs', 'digits.py')
 config_flags.DEFINE_config_file('config', DIGITS, 'Config file of the job to plan.')
 flags.DEFINE_string('workdir', None, 'Directory; each run trains in a subdirectory.')
@@ -74,6 +76,8 @@ flags.DEFINE_integer('min_workers', None, 'Least K.')
 flags.DEFINE_integer('max_workers', None, 'Most K.')
 flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
 flags.mark_flags_as_required(['workdir'])
+cli.integers('workers')
+cli.integers('batches')
 FLAGS = flags.FLAGS
 
 PAPER_PRICE = 0.13402  # GCP e2-standard-4, $/hour, the paper's §V
@@ -92,8 +96,6 @@ COLUMNS = (
 
 def main(argv):
   del argv
-  from jaxdist.train import cli
-
   cli.setup(FLAGS.cpu_devices)
   command = ' '.join(['python', *sys.argv])
   cli.run(plan, FLAGS.config, FLAGS.workdir, command)
@@ -315,4 +317,4 @@ def _plot(table, front, chosen, actual, net):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -14,6 +14,8 @@ lets JAX find its peers):
 from absl import app, flags
 from ml_collections import config_flags
 
+from jaxdist.train import cli
+
 config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/digits.py:runlocal.')
 flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and plots.')
 flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
@@ -30,8 +32,6 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  from jaxdist.train import cli
-
   cli.setup(FLAGS.cpu_devices)
   from jaxdist import runtime, train
 
@@ -43,4 +43,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -198,6 +198,49 @@ def test_compare_binary_trains_variants_into_one_table(tmp_path, data_dir):
   assert not (tmp_path / 'bad').exists()
 
 
+DIGITS = '--config=configs/digits.py:runlocal'
+
+
+@pytest.mark.parametrize(
+  'script, args, message',
+  [
+    ('train.py', [DIGITS, '--config.sync.local_sgd.perod=8'], "did you mean 'period'?"),
+    ('train.py', [DIGITS, '--config.stpes=10'], "config has no key 'stpes'; did you mean 'steps'"),
+    ('compare.py', [DIGITS, '--config.worker=4'], "did you mean 'workers'"),
+    ('elastic.py', [DIGITS, '--config.sync.methd=x'], "did you mean 'method'?"),
+    ('plan.py', [DIGITS, '--config.stpes=3'], "did you mean 'steps'"),
+    ('train.py', ['--config=configs/digit.py'], 'did you mean configs/digits.py?'),
+    ('train.py', ['--config=configs/digits.py:runlokal'], "(did you mean 'runlocal'?)"),
+    ('train.py', [DIGITS, '--config.steps=ten'], "--config.steps=ten: invalid literal for int()"),
+    ('train.py', [DIGITS, '--config.steps.x=1'], 'config.steps is a value, not a section'),
+    ('train.py', [DIGITS, '--wrkdir=/tmp'], 'Did you mean: workdir'),
+    ('compare.py', [DIGITS, '--only=dense,qsdg8'], "variant 'qsdg8' (did you mean 'qsgd8'?)"),
+    ('elastic.py', [DIGITS, '--to=4,sixteen'], 'takes comma-separated integers'),
+  ],
+  ids=[
+    'section-key', 'top-key', 'compare-key', 'elastic-key', 'plan-key', 'config-file',
+    'config-arg', 'value', 'not-a-section', 'flag', 'variant', 'int-list',
+  ],
+)  # fmt: skip
+def test_a_bad_flag_key_or_config_argument_is_one_error_line(
+  tmp_path, data_dir, script, args, message
+):
+  workdir = tmp_path / 'run'
+  proc = subprocess.run(
+    binary_cmd(*args, f'--workdir={workdir}', script=script),
+    env=binary_env(data_dir),
+    capture_output=True,
+    text=True,
+    timeout=TIMEOUT,
+    cwd=REPO,  # the config paths are relative, as the README writes them
+  )
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: '), proc.stderr[-3000:]
+  assert message in lines[0]
+  assert not workdir.exists()
+
+
 @pytest.mark.parametrize(
   'method, option',
   [

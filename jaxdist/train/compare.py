@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Sequence
@@ -20,7 +21,11 @@ PLOT_FILE = 'compare.png'
 def variant_config(base: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
   """`base` with the overrides of variant `name` applied."""
   if name not in base.variants:
-    raise factory.ConfigError(f'unknown variant {name!r}; the config has {sorted(base.variants)}')
+    close = difflib.get_close_matches(name, list(base.variants), n=1)
+    hint = f' (did you mean {close[0]!r}?)' if close else ''
+    raise factory.ConfigError(
+      f'unknown variant {name!r}{hint}; the config has {sorted(base.variants)}'
+    )
   config = ml_collections.ConfigDict(base.to_dict())
   _update(config, base.variants[name].to_dict(), name)
   return config
