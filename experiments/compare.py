@@ -24,6 +24,9 @@ flags.DEFINE_string('workdir', None, 'Directory; each variant trains in a subdir
 flags.DEFINE_list('only', None, "Variants to train (default: the config's `compare`).")
 flags.DEFINE_string('results', None, 'Also write the markdown table here (e.g. for the README).')
 flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
+flags.DEFINE_bool(
+  'fresh', False, "Start afresh: delete the variants' runs in --workdir instead of resuming them."
+)
 flags.mark_flags_as_required(['config', 'workdir'])
 FLAGS = flags.FLAGS
 
@@ -35,7 +38,9 @@ def main(argv):
 
   names = FLAGS.only or [n.strip() for n in FLAGS.config.compare.split(',') if n.strip()]
   command = ' '.join(['python', *sys.argv])
-  cli.run(compare.run, FLAGS.config, FLAGS.workdir, names, FLAGS.results, command)
+  cli.run(
+    compare.run, FLAGS.config, FLAGS.workdir, names, FLAGS.results, command, fresh=FLAGS.fresh
+  )
 
 
 if __name__ == '__main__':

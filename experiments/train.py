@@ -19,6 +19,9 @@ from jaxdist.train import cli
 config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/digits.py:runlocal.')
 flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and plots.')
 flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
+flags.DEFINE_bool(
+  'fresh', False, 'Start afresh: delete the run in --workdir instead of resuming it.'
+)
 flags.DEFINE_bool('distributed', False, 'Start the multi-process runtime, detecting the cluster.')
 flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-process runs).')
 flags.DEFINE_integer('num_processes', None, 'Number of processes (multi-process runs).')
@@ -39,7 +42,7 @@ def main(argv):
     runtime.initialize_distributed(
       FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.heartbeat_timeout_s
     )
-  cli.run(train.train_and_evaluate, FLAGS.config, FLAGS.workdir)
+  cli.run(train.train_and_evaluate, FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh)
 
 
 if __name__ == '__main__':

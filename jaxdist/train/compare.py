@@ -47,8 +47,14 @@ def run(
   names: Sequence[str],
   results: str | None = None,
   command: str = '',
+  *,
+  fresh: bool = False,
 ) -> list[dict[str, Any]]:
   """Trains each variant in workdir/<name> (resuming any that exist); returns the table rows.
+
+  Every variant's config, and whether its run in workdir/<name> may resume
+  with it (`trainer.check_resume`), is checked before any trains; with
+  `fresh`, those runs are removed instead and every variant starts anew.
 
   Writes `compare.md` (the table in markdown, with the command, machine and
   date that produced it), `compare.json` and `compare.png` into `workdir`,
@@ -61,10 +67,13 @@ def run(
   clocks = {
     name: factory.build(c, os.path.join(workdir, name)).clock for name, c in configs.items()
   }
+  for name, config in configs.items():
+    if not fresh:
+      trainer.check_resume(config, os.path.join(workdir, name))
   runs = {}
   for name, config in configs.items():
     print(f'\n=== {name}')
-    summary = trainer.train_and_evaluate(config, os.path.join(workdir, name))
+    summary = trainer.train_and_evaluate(config, os.path.join(workdir, name), fresh=fresh)
     records = metrics.read_jsonl(os.path.join(workdir, name, metrics.METRICS_FILE))
     runs[name] = Run(summary, records, clocks[name])
   networks = config_lib.names(base.network.profiles)
