@@ -28,6 +28,7 @@ SAVED = digits()  # 8 workers, 20 steps
     (20, {'workers': 16, 'steps': 40}),
     (10, {'devices': 4}),
     (20, {'progress': False, 'eval_every': 5, 'checkpoint_every': 5, 'keep_checkpoints': 3}),
+    (10, {'noise_every': 0, 'eval_batch_size': 64}),
     (10, {'fault.kill_at_step': 0, 'dataset.data_dir': '/data', 'compare': 'dense'}),
     (20, {'variants.dense.sync.method': 'powersgd', 'network.compute_budget_s': 1.0}),
     (10, {'sync.per_worker': 'vmap'}),  # the same run (elastic refuses 'device' itself)
@@ -79,7 +80,7 @@ def test_check_resume_reads_the_config_json_of_a_checkpoint_that_does_not_record
   assert str(e.value) == (
     f'cannot resume from the checkpoint at step 20 in {tmp_path}: its config differs in 1 '
     'key(s): model.name "cnn" → "mlp"; resume with the config that wrote it, or start afresh '
-    'with --fresh (which deletes that run) or in a new --workdir'
+    'with --fresh (fresh=True in Python), which deletes that run, or in a new --workdir'
   )
   assert sorted(p.name for p in tmp_path.rglob('*')) == before
   trainer.check_resume(factory.load_config(f'{REPO}/configs/digits.py:runlocal'), str(tmp_path))

@@ -42,17 +42,18 @@ RUN_FILES = (
 # workers run (`workers`, `devices`: the checkpoint is resharded, `jaxdist.train.elastic`;
 # `sync.per_worker`: how a device computes its workers' gradients, one run whichever, but
 # `elastic.check_same_run` refuses a change to or from 'device'), and what only watches or
-# keeps the run (evaluation, checkpoints, progress bar, fault injection, where the data is,
-# the budget of a measurement the checkpoint keeps, the compare binary's variants). Any
-# other change stops the resume (`check_resume`).
+# keeps the run (evaluation, the gradient-noise measurement beside training, checkpoints,
+# progress bar, fault injection, where the data is, the budget of a measurement the
+# checkpoint keeps, the compare binary's variants). Any other change stops the resume
+# (`check_resume`).
 MAY_CHANGE_ON_RESUME = (
   'steps', 'workers', 'devices', 'sync.per_worker', 'eval_every', 'eval_batch_size',
-  'checkpoint_every', 'keep_checkpoints', 'progress', 'fault.kill_at_step', 'dataset.data_dir',
-  'dataset.download', 'network.compute_budget_s', 'compare', 'variants',
+  'noise_every', 'checkpoint_every', 'keep_checkpoints', 'progress', 'fault.kill_at_step',
+  'dataset.data_dir', 'dataset.download', 'network.compute_budget_s', 'compare', 'variants',
 )  # fmt: skip
 START_AFRESH = (
-  'resume with the config that wrote it, or start afresh with --fresh (which deletes that '
-  'run) or in a new --workdir'
+  'resume with the config that wrote it, or start afresh with --fresh (fresh=True in Python), '
+  'which deletes that run, or in a new --workdir'
 )
 ConfigError = factory.ConfigError
 
