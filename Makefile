@@ -45,7 +45,9 @@ bench-peers: $(VENV)/.installed
 	  $(if $(TORCH_PYTHON),--torch_python=$(TORCH_PYTHON))
 
 # The README's measured tables: each group of variants trained side by side, its markdown
-# table written to experiments/results/, then copied into README.md.
+# table written to experiments/results/, then copied into README.md. A work directory holds
+# runs of one config (a variant reruns there only with the config that trained it): groups
+# that change the config beyond new variant names train in their own.
 RESULTS = $(PY) experiments/compare.py --config=configs/digits.py --workdir=workdir/results \
 	--config.progress=False
 results: $(VENV)/.installed
@@ -57,12 +59,12 @@ results: $(VENV)/.installed
 	  --results=experiments/results/delay_tolerant.md
 	$(RESULTS) --only=bsp_lr05,delay2,delay2_sc,delay4,delay4_sc,delay4_lwp,delay4_sc_lwp \
 	  --results=experiments/results/pipeline.md
-	$(RESULTS) --only=bsp,local4,ssp2,async4,gossip_ring --config.cluster.straggler_p=0.1 \
-	  --config.cluster.straggler_slowdown=4 --config.cluster.price=1 \
-	  --results=experiments/results/stragglers.md
+	$(RESULTS) --workdir=workdir/stragglers --only=bsp,local4,ssp2,async4,gossip_ring \
+	  --config.cluster.straggler_p=0.1 --config.cluster.straggler_slowdown=4 \
+	  --config.cluster.price=1 --results=experiments/results/stragglers.md
 	$(RESULTS) --workdir=workdir/faults --only=bsp,local4,ssp2,async4,gossip_ring \
 	  --config.fault.straggle=7:8@20-120 --results=experiments/results/straggle.md
-	$(RESULTS) --workdir=workdir/faults --only=bsp,drop1_at20,drop1_20_60,drop4_at20 \
+	$(RESULTS) --workdir=workdir/drop --only=bsp,drop1_at20,drop1_20_60,drop4_at20 \
 	  --results=experiments/results/drop.md
 	$(RESULTS) --only=uniform_h2,dynamic_h2,uniform_h10,dynamic_h10 --config.workers=3 \
 	  --config.batch_size=96 --results=experiments/results/heterogeneous.md

@@ -91,6 +91,7 @@ flags.DEFINE_string('out', None, "Append the peers' JSON lines here.")
 flags.DEFINE_string('results', None, 'Also write the table as markdown here, with the command.')
 flags.DEFINE_integer('steps', 300, 'Training steps (the peers: 300).')
 flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
+flags.DEFINE_bool('fresh', False, 'Train every jaxdist run afresh, deleting those in --workdir.')
 flags.DEFINE_string(
   'torch_python', None, 'A Python with torch: also run DDP (the peers) on the same work.'
 )
@@ -355,9 +356,9 @@ def main(argv):
   runs, ddp = {}, {}
 
   def train(config, workdir: str) -> dict[str, Any]:
-    if os.path.exists(os.path.join(workdir, trainer.SUMMARY_FILE)):
+    if not FLAGS.fresh and os.path.exists(os.path.join(workdir, trainer.SUMMARY_FILE)):
       print(f'warning: {workdir} holds a finished run: its times are from then, not now')
-    cli.run(trainer.train_and_evaluate, config, workdir)
+    cli.run(trainer.train_and_evaluate, config, workdir, fresh=FLAGS.fresh)
     with open(os.path.join(workdir, trainer.SUMMARY_FILE)) as f:
       return json.load(f)
 

@@ -10,7 +10,8 @@ the question is only what resharding costs. The table gives each run's
 final test accuracy, its difference from the uninterrupted run in
 percentage points, and how far the run's own test accuracy moved between
 its evaluations after the resume step (the noise the difference sits in).
-Run again in the same work directory, it re-reads the finished runs.
+Run again in the same work directory, it re-reads the finished runs (--fresh:
+trains them all again).
 
   python experiments/elastic.py --config=configs/digits.py --workdir=/tmp/elastic
   python experiments/elastic.py --config=configs/digits.py --workdir=/tmp/elastic \
@@ -21,9 +22,12 @@ Run again in the same work directory, it re-reads the finished runs.
 import os
 import shutil
 import sys
+from typing import Any
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from jaxdist.train import cli
 
 config_flags.DEFINE_config_file('config', None, 'Base config, e.g. configs/digits.py.')
 flags.DEFINE_string('workdir', None, 'Directory; each run trains in a subdirectory.')
@@ -33,7 +37,9 @@ flags.DEFINE_list('to', ['4', '16'], 'Workers the run continues on (M).')
 flags.DEFINE_integer('resume_at', None, 'Step the run continues from (default: half the steps).')
 flags.DEFINE_string('results', None, 'Also write the markdown table here.')
 flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
+flags.DEFINE_bool('fresh', False, 'Train every run afresh, deleting those in --workdir.')
 flags.mark_flags_as_required(['config', 'workdir'])
+cli.integers('to')
 FLAGS = flags.FLAGS
 
 COLUMNS = (
@@ -59,35 +65,45 @@ def cut_back(source: str, target: str, step: int) -> None:
     raise ValueError(f'{source} has no checkpoint at step {step}')
 
 
+def runs_of(config, name: str, resume_at: int) -> list[tuple[str, str, Any]]:
+  """(label, workdir, config) of variant `name`'s uninterrupted run, then of each resumed one."""
+  config.progress = False
+  config.workers = FLAGS.workers
+  config.checkpoint_every = resume_at
+  config.keep_checkpoints = -(-config.steps // resume_at) + 1
+  runs = [(f'{FLAGS.workers}', os.path.join(FLAGS.workdir, name, f'{FLAGS.workers}'), config)]
+  for m in map(int, FLAGS.to):
+    c = config.copy_and_resolve_references()
+    c.workers = m
+    resumed = os.path.join(FLAGS.workdir, name, f'{FLAGS.workers}to{m}')
+    runs.append((f'{FLAGS.workers} → {m} at step {resume_at}', resumed, c))
+  return runs
+
+
 def main(argv):
   del argv
-  from jaxdist.train import cli
-
   cli.setup(FLAGS.cpu_devices)
   from jaxdist.train import compare, metrics, report, trainer
 
   base = FLAGS.config
   resume_at = FLAGS.resume_at or base.steps // 2
   rows = []
-  for name in FLAGS.variants:
-    config = compare.variant_config(base, name)
-    config.progress = False
-    config.workers = FLAGS.workers
-    config.checkpoint_every = resume_at
-    config.keep_checkpoints = -(-config.steps // resume_at) + 1
-    straight = os.path.join(FLAGS.workdir, name, f'{FLAGS.workers}')
-    runs = [(f'{FLAGS.workers}', straight, config)]
-    for m in map(int, FLAGS.to):
-      resumed = os.path.join(FLAGS.workdir, name, f'{FLAGS.workers}to{m}')
-      c = config.copy_and_resolve_references()
-      c.workers = m
-      runs.append((f'{FLAGS.workers} → {m} at step {resume_at}', resumed, c))
-    first = None
+  plans = {
+    name: runs_of(cli.run(compare.variant_config, base, name), name, resume_at)
+    for name in FLAGS.variants
+  }
+  for runs in plans.values():  # every run that exists may go on with its config
+    for _, workdir, c in runs if not FLAGS.fresh else []:
+      cli.run(trainer.check_resume, c, workdir)
+  for name, runs in plans.items():
+    straight, first = runs[0][1], None
     for label, workdir, c in runs:
       print(f'\n=== {name}: {label}', flush=True)
-      if workdir != straight and not os.path.exists(workdir):
+      if workdir != straight and (FLAGS.fresh or not os.path.exists(workdir)):
+        shutil.rmtree(workdir, ignore_errors=True)
         cut_back(straight, workdir, resume_at)
-      summary = cli.run(trainer.train_and_evaluate, c, workdir)
+      fresh = FLAGS.fresh and workdir == straight
+      summary = cli.run(trainer.train_and_evaluate, c, workdir, fresh=fresh)
       records = metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE))
       first = summary['test_accuracy'] if first is None else first
       later = [
@@ -113,4 +129,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

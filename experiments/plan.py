@@ -30,7 +30,8 @@ The γ/K of a profile and of a long run are comparable because both are read
 at step --profile_steps: the runs are the same until then while the learning
 rate is warming up (--profile_steps <= config.optimizer.warmup_steps, as
 with configs/digits.py), and close to it after. Finished runs in --workdir are
-reused, so a second call with another --objective or caps trains nothing new.
+reused, so a second call with another --objective or caps trains nothing new
+(--fresh: trains them again).
 """
 
 import contextlib
@@ -43,6 +44,8 @@ import warnings
 import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from jaxdist.train import cli
 
 DIGITS = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'configs', 'digits.py')
 config_flags.DEFINE_config_file('config', DIGITS, 'Config file of the job to plan.')
@@ -73,7 +76,10 @@ flags.DEFINE_integer('max_batch', None, 'Cap on B (memory).')
 flags.DEFINE_integer('min_workers', None, 'Least K.')
 flags.DEFINE_integer('max_workers', None, 'Most K.')
 flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
+flags.DEFINE_bool('fresh', False, 'Train every run afresh, deleting those in --workdir.')
 flags.mark_flags_as_required(['workdir'])
+cli.integers('workers')
+cli.integers('batches')
 FLAGS = flags.FLAGS
 
 PAPER_PRICE = 0.13402  # GCP e2-standard-4, $/hour, the paper's §V
@@ -92,8 +98,6 @@ COLUMNS = (
 
 def main(argv):
   del argv
-  from jaxdist.train import cli
-
   cli.setup(FLAGS.cpu_devices)
   command = ' '.join(['python', *sys.argv])
   cli.run(plan, FLAGS.config, FLAGS.workdir, command)
@@ -135,13 +139,17 @@ def plan(config, workdir: str, command: str) -> dict:
       at, sched.warmup_steps, at,
     )  # fmt: skip
 
+  trained = set()  # the runs this call trained (--fresh removes each one once)
+
   def run(kind: str, k: int, b: int, steps: int) -> tuple[dict, list[dict]]:
     c = config.copy_and_resolve_references()
     c.workers, c.batch_size, c.steps = k, b, steps
     c.eval_every, c.checkpoint_every, c.progress = min(FLAGS.eval_every, steps), steps, False
     where = os.path.join(workdir, kind, f'K{k}_B{b}')
+    fresh = FLAGS.fresh and where not in trained
+    trained.add(where)
     with contextlib.redirect_stdout(io.StringIO()):  # each run's own table: see its workdir
-      summary = trainer().train_and_evaluate(c, where)
+      summary = trainer().train_and_evaluate(c, where, fresh=fresh)
     records = metrics.read_jsonl(os.path.join(where, metrics.METRICS_FILE))
     print(f'{kind:7s} K={k:<3d} B={b:<5d} {steps} steps, test acc {summary["test_accuracy"]:.4f}')
     return summary, records
@@ -315,4 +323,4 @@ def _plot(table, front, chosen, actual, net):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

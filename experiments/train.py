@@ -14,9 +14,14 @@ lets JAX find its peers):
 from absl import app, flags
 from ml_collections import config_flags
 
+from jaxdist.train import cli
+
 config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/digits.py:runlocal.')
 flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and plots.')
 flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
+flags.DEFINE_bool(
+  'fresh', False, 'Start afresh: delete the run in --workdir instead of resuming it.'
+)
 flags.DEFINE_bool('distributed', False, 'Start the multi-process runtime, detecting the cluster.')
 flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-process runs).')
 flags.DEFINE_integer('num_processes', None, 'Number of processes (multi-process runs).')
@@ -30,8 +35,6 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  from jaxdist.train import cli
-
   cli.setup(FLAGS.cpu_devices)
   from jaxdist import runtime, train
 
@@ -39,8 +42,8 @@ def main(argv):
     runtime.initialize_distributed(
       FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.heartbeat_timeout_s
     )
-  cli.run(train.train_and_evaluate, FLAGS.config, FLAGS.workdir)
+  cli.run(train.train_and_evaluate, FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -20,6 +20,7 @@ import dataclasses
 import ipaddress
 import logging
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -114,9 +115,15 @@ def layout(
 
   Returns:
     The `Workers` layout.
+
+  Raises:
+    ValueError: a count the devices cannot hold.
+    RuntimeError: several CPU devices on XLA's default threads, whose
+      collectives can deadlock (`check_cpu_threads`).
   """
   if count < 1:
     raise ValueError(f'workers must be >= 1, got {count}')
+  give_cpu_threads()  # before jax.devices() starts the CPU client
   available = list(device_list if device_list is not None else jax.devices())
   if devices is None or devices == 0:
     if jax.process_count() > 1:
@@ -135,11 +142,13 @@ def layout(
       f'with {jax.process_count()} processes every device must hold workers: '
       f'devices must be {len(available)}, got {devices}'
     )
+  check_cpu_threads(available[:devices])
   mesh = Mesh(np.asarray(available[:devices]), (DATA,), axis_types=(AxisType.Auto,))
   return Workers(mesh=mesh, per_device=count // devices)
 
 
-CPU_THREADS_PER_DEVICE = 4  # what `cpu_devices` gives XLA's CPU runtime, per device
+CPU_THREADS_PER_DEVICE = 4  # what jaxdist gives XLA's CPU runtime, per device
+_FORCE_FLAG = re.compile(r'--xla_force_host_platform_device_count=(\d+)')
 
 
 def cpu_devices(count: int) -> None:
@@ -147,8 +156,7 @@ def cpu_devices(count: int) -> None:
 
   Call before JAX starts (before any jax op). Sets `jax_num_cpu_devices` and,
   unless the environment already sets it, `PJRT_NPROC` (the thread count of
-  XLA's CPU client) to `CPU_THREADS_PER_DEVICE` × count, or to the cores this
-  process may use if more.
+  XLA's CPU client) to `cpu_threads(count)`.
 
   XLA sizes its CPU thread pools max(cores, devices): on a machine with fewer
   cores than devices, one thread per device, what a single collective needs
@@ -157,18 +165,80 @@ def cpu_devices(count: int) -> None:
   the metrics' all-reduce), or a step begun on some devices while others
   finish the last, can then block every thread while a device has still to
   arrive: the process aborts after 40 s ("Termination timeout for all
-  reduce"). On the 2-core machine of issue 14, a loop of such steps
-  dispatched without waiting hung in 3 tries of 3 with 8 threads, and in
-  none with 16 or 32 (`tests/test_runtime.py` keeps the case). The threads
-  cost little: the digits CNN's dense step on those 8 devices took 14.6 ms
-  with 32 threads against 14.2 ms with 8 (medians of three processes each).
+  reduce"). On a 2-core machine a loop of such steps dispatched without
+  waiting hung in 3 tries of 3 with 8 threads, and in none with 16 or 32
+  (`tests/test_runtime.py` keeps the case). The threads cost little: the
+  digits CNN's dense step on those 8 devices took 14.6 ms with 32 threads
+  against 14.2 ms with 8 (medians of three processes each).
+
+  The standard JAX ways of asking for CPU devices (`jax_num_cpu_devices`,
+  `XLA_FLAGS=--xla_force_host_platform_device_count=N`) get the same threads
+  when jaxdist sees them before JAX starts (`give_cpu_threads`).
   """
   if count < 1:
     raise ValueError(f'cpu_devices must be >= 1, got {count}')
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
-  threads = max(cores or 1, CPU_THREADS_PER_DEVICE * count)
-  os.environ.setdefault('PJRT_NPROC', str(threads))
+  os.environ.setdefault('PJRT_NPROC', str(cpu_threads(count)))
   jax.config.update('jax_num_cpu_devices', count)
+
+
+def cpu_threads(count: int) -> int:
+  """Threads for XLA's CPU client with `count` devices: 4 a device, or the usable cores if more."""
+  return max(_cores(), CPU_THREADS_PER_DEVICE * count)
+
+
+def _cores() -> int:
+  if hasattr(os, 'sched_getaffinity'):
+    return len(os.sched_getaffinity(0))
+  return os.cpu_count() or 1
+
+
+def requested_cpu_devices() -> int | None:
+  """CPU devices asked of JAX the standard ways, or None.
+
+  `jax_num_cpu_devices` if set, else the last
+  `--xla_force_host_platform_device_count` in `XLA_FLAGS` (JAX's order).
+  """
+  if jax.config.jax_num_cpu_devices >= 0:
+    return jax.config.jax_num_cpu_devices
+  counts = _FORCE_FLAG.findall(os.environ.get('XLA_FLAGS', ''))
+  return int(counts[-1]) if counts else None
+
+
+def _backends_started() -> bool:
+  from jax._src import xla_bridge  # no public API says whether the clients exist yet
+
+  return xla_bridge.backends_are_initialized()
+
+
+def give_cpu_threads() -> None:
+  """Sets `PJRT_NPROC` for the CPU devices requested, before JAX starts its CPU client.
+
+  Does nothing once JAX has started, where no devices are requested, or where
+  the environment sets `PJRT_NPROC` already. Runs when jaxdist is imported
+  and again in `layout`, so `XLA_FLAGS` set before the import and
+  `jax_num_cpu_devices` set after it both get threads enough (`cpu_devices`).
+  """
+  count = requested_cpu_devices()
+  if count is not None and not _backends_started():
+    os.environ.setdefault('PJRT_NPROC', str(cpu_threads(count)))
+
+
+def check_cpu_threads(devices: Sequence[jax.Device]) -> None:
+  """Raises RuntimeError if `devices` are CPU devices whose collectives can deadlock.
+
+  That is several CPU devices in a CPU client started with XLA's default
+  threads (no `PJRT_NPROC`) on fewer than two cores a device: the case
+  `cpu_devices` exists for, met when JAX started before jaxdist could give
+  it threads.
+  """
+  count = sum(1 for d in devices if d.platform == 'cpu' and d.process_index == jax.process_index())
+  if count < 2 or 'PJRT_NPROC' in os.environ or _cores() >= 2 * count:
+    return
+  raise RuntimeError(
+    f"{count} CPU devices run on XLA's default of {max(_cores(), count)} threads, where "
+    f'collectives that overlap deadlock: ask for them with jd.runtime.cpu_devices({count}) '
+    f'before any jax op, or set PJRT_NPROC={cpu_threads(count)} before JAX starts'
+  )
 
 
 def initialize_distributed(
@@ -211,3 +281,6 @@ def initialize_distributed(
     coordinator_bind_address=bind,
     heartbeat_timeout_seconds=heartbeat_timeout_s,
   )
+
+
+give_cpu_threads()  # `import jaxdist` before JAX starts: XLA_FLAGS' devices get their threads

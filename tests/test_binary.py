@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 
@@ -128,6 +129,14 @@ def tree_digest(path) -> str:
       'config.sync.selsync: alpha must be in [0, 1), got 1.5',
     ),
     (['--config.model.name=mlp'], 'cannot resume from the checkpoint at step 20'),
+    (
+      ['--config.sync.local_sgd.period=8', '--config.optimizer.learning_rate=0.05'],
+      'its config differs in 2 key(s): optimizer.learning_rate 0.1 → 0.05, '
+      'sync.local_sgd.period 4 → 8; resume with the config that wrote it, or start afresh '
+      'with --fresh',
+    ),
+    (['--config.workers=16'], 'it is a finished run of workers=8, devices=0: nothing is left'),
+    (['--config.steps=10'], 'it is past config.steps=10; resume with the config'),
     (['--cpu_devices=0'], '--cpu_devices must be >= 1, got 0'),
   ],
   ids=[
@@ -138,6 +147,9 @@ def tree_digest(path) -> str:
     'sync',
     'section-key',
     'mismatched-resume',
+    'changed-config',
+    'finished-on-other-workers',
+    'fewer-steps',
     'cpu-devices',
   ],
 )
@@ -145,8 +157,7 @@ def test_bad_input_fails_clearly_and_keeps_the_checkpoint(
   finished_run, data_dir, overrides, message
 ):
   workdir, _ = finished_run
-  before = tree_digest(workdir / 'checkpoints')
-  log_before = (workdir / 'metrics.jsonl').read_text()
+  before = tree_digest(workdir)
   proc = run_binary(workdir, data_dir, *overrides, check=False)
   assert proc.returncode == 2, proc.stderr[-3000:]
   errors = [line for line in proc.stderr.splitlines() if line.startswith('error: ')]
@@ -154,8 +165,23 @@ def test_bad_input_fails_clearly_and_keeps_the_checkpoint(
   logged = [line for line in proc.stderr.splitlines() if message in line and line not in errors]
   assert not logged, f'the error is also logged (absl prefix): {logged}'
   assert 'Traceback' not in proc.stderr
-  assert tree_digest(workdir / 'checkpoints') == before
-  assert (workdir / 'metrics.jsonl').read_text() == log_before
+  assert tree_digest(workdir) == before  # checkpoints, log, config.json, summary, plots
+
+
+def test_fresh_starts_afresh_where_another_config_ran(finished_run, tmp_path, data_dir):
+  workdir = tmp_path / 'again'
+  shutil.copytree(finished_run[0], workdir)
+  (workdir / 'notes.txt').write_text('mine')
+  changed = ['--config.steps=4', '--config.optimizer.learning_rate=0.05']
+  run_binary(workdir, data_dir, *changed, '--config.progress=False', '--fresh')
+  logged = metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  assert [r['step'] for r in logged] == [1, 2, 3, 4]
+  _, meta = params_of(workdir)
+  assert meta['step'] == 4 and meta['config']['optimizer']['learning_rate'] == 0.05
+  assert sorted(os.listdir(workdir / 'checkpoints')) == ['4']
+  assert json.loads((workdir / 'config.json').read_text())['steps'] == 4
+  assert json.loads((workdir / 'summary.json').read_text())['steps_this_run'] == 4
+  assert (workdir / 'notes.txt').read_text() == 'mine'  # only what a run writes is removed
 
 
 def test_workdir_that_is_a_file(tmp_path, data_dir):
@@ -191,11 +217,67 @@ def test_compare_binary_trains_variants_into_one_table(tmp_path, data_dir):
   for name in ('dense', 'topk1_ef'):
     assert (tmp_path / name / 'metrics.jsonl').exists()
 
+  # the README's example, in the same workdir: dense there is a finished run of 8 workers
+  before = tree_digest(tmp_path)
+  again = run_binary(
+    tmp_path, data_dir, '--only=dense,qsgd8', '--config.workers=16', *flags[1:], check=False,
+    script='compare.py',
+  )  # fmt: skip
+  assert again.returncode == 2, again.stderr[-3000:]
+  (error,) = again.stderr.strip().splitlines()
+  assert error.startswith(f'error: cannot resume from the checkpoint at step 20 in {tmp_path}')
+  assert 'it is a finished run of workers=8, devices=0: nothing is left to train with ' in error
+  assert 'start afresh with --fresh' in error
+  assert tree_digest(tmp_path) == before and not (tmp_path / 'qsgd8').exists()
+
   bad = run_binary(
     tmp_path / 'bad', data_dir, '--only=dense,nonesuch', check=False, script='compare.py'
   )
   assert bad.returncode == 2 and "error: unknown variant 'nonesuch'" in bad.stderr
   assert not (tmp_path / 'bad').exists()
+
+
+DIGITS = '--config=configs/digits.py:runlocal'
+
+
+@pytest.mark.parametrize(
+  'script, args, message',
+  [
+    ('train.py', [DIGITS, '--config.sync.local_sgd.perod=8'], "did you mean 'period'?"),
+    ('train.py', [DIGITS, '--config.stpes=10'], "config has no key 'stpes'; did you mean 'steps'"),
+    ('compare.py', [DIGITS, '--config.worker=4'], "did you mean 'workers'"),
+    ('elastic.py', [DIGITS, '--config.sync.methd=x'], "did you mean 'method'?"),
+    ('plan.py', [DIGITS, '--config.stpes=3'], "did you mean 'steps'"),
+    ('train.py', ['--config=configs/digit.py'], 'did you mean configs/digits.py?'),
+    ('train.py', ['--config=configs/digits.py:runlokal'], "(did you mean 'runlocal'?)"),
+    ('train.py', [DIGITS, '--config.steps=ten'], "--config.steps=ten: invalid literal for int()"),
+    ('train.py', [DIGITS, '--config.steps.x=1'], 'config.steps is a value, not a section'),
+    ('train.py', [DIGITS, '--wrkdir=/tmp'], 'Did you mean: workdir'),
+    ('compare.py', [DIGITS, '--only=dense,qsdg8'], "variant 'qsdg8' (did you mean 'qsgd8'?)"),
+    ('elastic.py', [DIGITS, '--to=4,sixteen'], 'takes comma-separated integers'),
+  ],
+  ids=[
+    'section-key', 'top-key', 'compare-key', 'elastic-key', 'plan-key', 'config-file',
+    'config-arg', 'value', 'not-a-section', 'flag', 'variant', 'int-list',
+  ],
+)  # fmt: skip
+def test_a_bad_flag_key_or_config_argument_is_one_error_line(
+  tmp_path, data_dir, script, args, message
+):
+  workdir = tmp_path / 'run'
+  proc = subprocess.run(
+    binary_cmd(*args, f'--workdir={workdir}', script=script),
+    env=binary_env(data_dir),
+    capture_output=True,
+    text=True,
+    timeout=TIMEOUT,
+    cwd=REPO,  # the config paths are relative, as the README writes them
+  )
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: '), proc.stderr[-3000:]
+  assert message in lines[0]
+  assert not workdir.exists()
 
 
 @pytest.mark.parametrize(

@@ -116,7 +116,9 @@ def test_config_arguments_after_the_colon():
   assert (config.workers, config.steps) == (16, 20)
   config = factory.load_config(os.path.join(REPO, 'configs/cifar10_resnet20.py') + ':workers=4')
   assert (config.workers, config.dataset.name) == (4, 'cifar10')
-  with pytest.raises(ValueError, match=r"unknown config argument 'worker'; this config takes"):
+  with pytest.raises(
+    ValueError, match=r"unknown config argument 'worker' \(did you mean 'workers'\?\); this config"
+  ):
     factory.load_config(os.path.join(REPO, 'configs/digits.py') + ':worker=4')
   with pytest.raises(ValueError, match=r'workers takes a int, got .four.'):
     factory.load_config(os.path.join(REPO, 'configs/digits.py') + ':workers=four')

@@ -300,11 +300,10 @@ def test_bad_input_is_one_clear_error_and_leaves_the_checkpoint(
   before = digest(workdir)
   cases = [
     (config_of(8, 6, **TOPK, **{'model.name': 'mlp'}),
-     r'written by sync.method=compressed_allreduce, model.name=cnn; this run is '
-     r'sync.method=compressed_allreduce, model.name=mlp'),
-    (config_of(4, 6, **TOPK, **{'model.name': 'mlp'}), r'model.name=cnn; this run is .*mlp'),
-    (config_of(4, 6), r'written by sync.method=compressed_allreduce, .* this run is '
-                      r'sync.method=allreduce'),
+     r'its config differs in 1 key\(s\): model.name "cnn" → "mlp"; resume with the config'),
+    (config_of(4, 6, **TOPK, **{'model.name': 'mlp'}), r'model.name "cnn" → "mlp"; resume'),
+    (config_of(4, 6), r'compress.topk.ratio 0.1 → 0.01, '
+                      r'sync.method "compressed_allreduce" → "allreduce"; resume'),
     (config_of(5, 6, batch_size=128, **TOPK), r'batch_size 128 \(global\) is not divisible by '
                                               r'workers 5'),
   ]  # fmt: skip

@@ -74,11 +74,7 @@ def read(directory: str, step: int | None = None) -> tuple[dict[str, Any], dict[
     (state as nested dicts of np.ndarray with a leading worker axis, metadata).
   """
   if step is None:
-    manager = ocp.CheckpointManager(
-      directory, item_names=('state', 'meta'), options=ocp.CheckpointManagerOptions(read_only=True)
-    )
-    step = manager.latest_step()
-    manager.close()
+    step = latest_step(directory)
     if step is None:
       raise FileNotFoundError(f'no checkpoint in {directory}')
   path = os.path.join(os.path.abspath(directory), str(step))
@@ -89,6 +85,15 @@ def read(directory: str, step: int | None = None) -> tuple[dict[str, Any], dict[
     os.path.join(path, 'state'), args=ocp.args.PyTreeRestore(restore_args=restore_args)
   )
   return state, read_meta(directory, step)
+
+
+def latest_step(directory: str) -> int | None:
+  """The step of the latest complete checkpoint in `directory`, or None; writes nothing."""
+  if not os.path.isdir(directory):
+    return None
+  steps = ocp.path.step  # the names `Checkpointer`'s manager gives, uncommitted ones ignored
+  latest = steps.latest_step_metadata(directory, steps.standard_name_format())
+  return None if latest is None else latest.step
 
 
 def read_meta(directory: str, step: int) -> dict[str, Any]:

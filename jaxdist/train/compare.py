@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Sequence
@@ -20,7 +21,11 @@ PLOT_FILE = 'compare.png'
 def variant_config(base: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
   """`base` with the overrides of variant `name` applied."""
   if name not in base.variants:
-    raise factory.ConfigError(f'unknown variant {name!r}; the config has {sorted(base.variants)}')
+    close = difflib.get_close_matches(name, list(base.variants), n=1)
+    hint = f' (did you mean {close[0]!r}?)' if close else ''
+    raise factory.ConfigError(
+      f'unknown variant {name!r}{hint}; the config has {sorted(base.variants)}'
+    )
   config = ml_collections.ConfigDict(base.to_dict())
   _update(config, base.variants[name].to_dict(), name)
   return config
@@ -42,8 +47,14 @@ def run(
   names: Sequence[str],
   results: str | None = None,
   command: str = '',
+  *,
+  fresh: bool = False,
 ) -> list[dict[str, Any]]:
   """Trains each variant in workdir/<name> (resuming any that exist); returns the table rows.
+
+  Every variant's config, and whether its run in workdir/<name> may resume
+  with it (`trainer.check_resume`), is checked before any trains; with
+  `fresh`, those runs are removed instead and every variant starts anew.
 
   Writes `compare.md` (the table in markdown, with the command, machine and
   date that produced it), `compare.json` and `compare.png` into `workdir`,
@@ -56,10 +67,13 @@ def run(
   clocks = {
     name: factory.build(c, os.path.join(workdir, name)).clock for name, c in configs.items()
   }
+  for name, config in configs.items():
+    if not fresh:
+      trainer.check_resume(config, os.path.join(workdir, name))
   runs = {}
   for name, config in configs.items():
     print(f'\n=== {name}')
-    summary = trainer.train_and_evaluate(config, os.path.join(workdir, name))
+    summary = trainer.train_and_evaluate(config, os.path.join(workdir, name), fresh=fresh)
     records = metrics.read_jsonl(os.path.join(workdir, name, metrics.METRICS_FILE))
     runs[name] = Run(summary, records, clocks[name])
   networks = config_lib.names(base.network.profiles)

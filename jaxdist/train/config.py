@@ -21,6 +21,7 @@ Only data here: `jaxdist.train.factory` turns names into objects.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 import ml_collections
@@ -483,7 +484,11 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
   for item in filter(None, (s.strip() for s in (arg or '').split(','))):
     key, eq, value = item.partition('=')
     if key not in defaults:
-      raise ValueError(f'unknown config argument {key!r}; this config takes {sorted(defaults)}')
+      close = difflib.get_close_matches(key, list(defaults), n=1)
+      hint = f' (did you mean {close[0]!r}?)' if close else ''
+      raise ValueError(
+        f'unknown config argument {key!r}{hint}; this config takes {sorted(defaults)}'
+      )
     default = defaults[key]
     if not eq:
       out[key] = True

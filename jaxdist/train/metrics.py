@@ -19,6 +19,7 @@ import tensorboardX
 from tensorboardX.proto import summary_pb2
 
 METRICS_FILE = 'metrics.jsonl'
+TENSORBOARD_DIR = 'tensorboard'
 # Events tensorboardX holds before `write` waits for its writer thread (its default: 10).
 TENSORBOARD_QUEUE = 1000
 # Fields that hold wall-clock measurements (or derive from them): they differ from run to run.
@@ -81,7 +82,7 @@ class MetricsWriter:
     write_atomic(self.path, ''.join(json.dumps(r) + '\n' for r in kept))
     self._file = open(self.path, 'a')  # noqa: SIM115 - lives as long as the writer
     self._tb = tensorboardX.SummaryWriter(
-      os.path.join(workdir, 'tensorboard'),
+      os.path.join(workdir, TENSORBOARD_DIR),
       purge_step=resume_step + 1 if resume_step else None,
       max_queue=TENSORBOARD_QUEUE,
       # tensorboardX names its file by the second it opened it, and overwrites a file of that

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +31,30 @@ from jaxdist.train import step as step_lib
 SUMMARY_FILE = 'summary.json'
 PLOT_FILE = 'curves.png'
 BATCHES_PLOT = 'batches.png'
+CONFIG_FILE = 'config.json'
+CHECKPOINTS = 'checkpoints'
+# What a run writes into its work directory: `fresh=True` removes these, and nothing else.
+RUN_FILES = (
+  CHECKPOINTS, metrics.TENSORBOARD_DIR, metrics.METRICS_FILE, SUMMARY_FILE, CONFIG_FILE,
+  PLOT_FILE, BATCHES_PLOT,
+)  # fmt: skip
+# Config keys a run may change when it resumes: how long it trains (`steps`), where its
+# workers run (`workers`, `devices`: the checkpoint is resharded, `jaxdist.train.elastic`;
+# `sync.per_worker`: how a device computes its workers' gradients, one run whichever, but
+# `elastic.check_same_run` refuses a change to or from 'device'), and what only watches or
+# keeps the run (evaluation, the gradient-noise measurement beside training, checkpoints,
+# progress bar, fault injection, where the data is, the budget of a measurement the
+# checkpoint keeps, the compare binary's variants). Any other change stops the resume
+# (`check_resume`).
+MAY_CHANGE_ON_RESUME = (
+  'steps', 'workers', 'devices', 'sync.per_worker', 'eval_every', 'eval_batch_size',
+  'noise_every', 'checkpoint_every', 'keep_checkpoints', 'progress', 'fault.kill_at_step',
+  'dataset.data_dir', 'dataset.download', 'network.compute_budget_s', 'compare', 'variants',
+)  # fmt: skip
+START_AFRESH = (
+  'resume with the config that wrote it, or start afresh with --fresh (fresh=True in Python), '
+  'which deletes that run, or in a new --workdir'
+)
 ConfigError = factory.ConfigError
 
 
@@ -566,17 +591,120 @@ def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, A
   return state, start, meta
 
 
-def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
+def config_json(config) -> dict[str, Any]:
+  """`config` as the JSON a checkpoint's metadata and `config.json` keep."""
+  return json.loads(config.to_json_best_effort())
+
+
+def config_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+  """(key, saved value, value now) per dotted key that differs, less `MAY_CHANGE_ON_RESUME`.
+
+  A key only one side has gives None on the other.
+  """
+  old, new = _flat(saved), _flat(now)
+  may = lambda k: any(k == m or k.startswith(m + '.') for m in MAY_CHANGE_ON_RESUME)
+  keys = sorted(k for k in set(old) | set(new) if not may(k))
+  return [(k, old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
+
+
+def _flat(tree: dict[str, Any], prefix: str = '') -> dict[str, Any]:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flat(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out
+
+
+def resume_problem(saved: dict[str, Any] | None, now: dict[str, Any], step: int,
+                   saved_workers: int | None = None) -> str | None:  # fmt: skip
+  """Why a checkpoint at `step` of a run with config `saved` cannot go on with config `now`.
+
+  None if it can: the configs agree but for `MAY_CHANGE_ON_RESUME`, the run
+  has not passed `now['steps']`, and a run that reached them (nothing left to
+  train) changes no workers or devices: its results would be reported as
+  those of workers that never trained. `saved_workers` (the checkpoint's
+  record) stands in for `saved['workers']`; `saved` None (not recorded) skips
+  the key-by-key comparison.
+  """
+  changes = config_changes(saved, now) if saved is not None else []
+  if changes:
+    shown = [f'{k} {json.dumps(a)} → {json.dumps(b)}' for k, a, b in changes]
+    return f'its config differs in {len(changes)} key(s): {", ".join(shown)}'
+  if step > now['steps']:
+    return f'it is past config.steps={now["steps"]}'
+  saved = saved or {}
+  was = saved_workers or saved.get('workers', now['workers']), saved.get('devices', now['devices'])
+  if step == now['steps'] and was != (now['workers'], now['devices']):
+    return (
+      f'it is a finished run of workers={was[0]}, devices={was[1]}: nothing is left to train '
+      f'with workers={now["workers"]}, devices={now["devices"]} (raise config.steps above '
+      f'{step} to go on with those)'
+    )
+  return None
+
+
+def check_resume(config, workdir: str) -> None:
+  """Raises ConfigError unless the run in `workdir`, if any, may go on with `config`.
+
+  The checkpoint's metadata holds the config that wrote it (`config.json` in
+  `workdir` for checkpoints that do not); `resume_problem` says what may
+  differ. Reads only: nothing in `workdir` is written.
+  """
+  directory = os.path.join(os.path.abspath(workdir), CHECKPOINTS)
+  step = checkpoint.latest_step(directory)
+  if not step:
+    return
+  meta = checkpoint.read_meta(directory, step)
+  saved = meta.get('config')
+  if saved is None and os.path.isfile(os.path.join(workdir, CONFIG_FILE)):
+    with open(os.path.join(workdir, CONFIG_FILE)) as f:
+      saved = json.load(f)
+  problem = resume_problem(saved, config_json(config), step, meta.get('workers'))
+  if problem:
+    where = f'cannot resume from the checkpoint at step {step} in {os.path.abspath(workdir)}'
+    raise ConfigError(f'{where}: {problem}; {START_AFRESH}')
+
+
+def clear_run(workdir: str) -> None:
+  """Removes what a run wrote into `workdir` (`RUN_FILES`); anything else there stays."""
+  for name in RUN_FILES:
+    path = os.path.join(workdir, name)
+    if os.path.isdir(path):
+      shutil.rmtree(path)
+    elif os.path.lexists(path):
+      os.remove(path)
+
+
+def open_workdir(exp: factory.Experiment, fresh: bool) -> None:
+  """Makes `exp.workdir` ready: the old run removed if `fresh`, else checked resumable."""
+  if fresh:
+    if jax.process_index() == 0:
+      clear_run(exp.workdir)
+    if jax.process_count() > 1:  # no process opens the checkpoints before they are gone
+      from jax.experimental import multihost_utils
+
+      multihost_utils.sync_global_devices('jaxdist: fresh workdir')
+  else:
+    check_resume(exp.config, exp.workdir)
+  os.makedirs(exp.workdir, exist_ok=True)
+
+
+def train_and_evaluate(config, workdir: str, *, fresh: bool = False) -> dict[str, Any]:
   """Trains and evaluates as `config` says, in `workdir`; returns the summary.
 
-  Resumes from the latest checkpoint in `workdir` if there is one.
+  Resumes from the latest checkpoint in `workdir` if there is one and its
+  config matches (`check_resume`); with `fresh`, removes that run instead
+  (`clear_run`) and starts anew.
 
   Raises:
-    ConfigError: a bad config or work directory, before anything is written.
+    ConfigError: a bad config or work directory, or a checkpoint that may not
+      resume with `config`, before anything is written.
   """
   exp = factory.build(config, os.path.abspath(workdir))  # orbax takes absolute paths only
   cfg, workers, lead = exp.config, exp.workers, jax.process_index() == 0
-  os.makedirs(exp.workdir, exist_ok=True)
+  open_workdir(exp, fresh)
   logging.info('%s', exp)
   way = factory.per_worker(cfg, workers.per_device, workers.mesh.devices.flat[0].platform)
   init = step_lib.make_init(exp.model, exp.tx, workers, exp.dataset.image_shape, way)
@@ -585,14 +713,10 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   )
   eval_step = step_lib.make_eval_step(exp.model, workers)
   state_shape = jax.eval_shape(init, jax.random.key(cfg.seed))
-  ckpt = checkpoint.Checkpointer(
-    os.path.join(exp.workdir, 'checkpoints'), keep=cfg.keep_checkpoints
-  )
+  ckpt = checkpoint.Checkpointer(os.path.join(exp.workdir, CHECKPOINTS), keep=cfg.keep_checkpoints)
   state, start, meta = restore_or_init(exp, ckpt, init, state_shape)
-  if lead and not start:
-    metrics.write_atomic(
-      os.path.join(exp.workdir, 'config.json'), cfg.to_json_best_effort(indent=2)
-    )
+  if lead:  # the config this run goes on with
+    metrics.write_atomic(os.path.join(exp.workdir, CONFIG_FILE), cfg.to_json_best_effort(indent=2))
 
   compute_s = worker_step_s(exp, meta)  # the compute term of the modelled clock
   prices = ledger.Ledger.of(exp, comm.find_transfers(state_shape.opt_state), compute_s)
@@ -631,9 +755,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
         save_due = False
         log.flush()
         log.writer.flush()  # the log reaches the checkpoint's step before the checkpoint commits
-        saved = {'step': done, 'seed': cfg.seed, 'compute_s': compute_s,
-                 'compute_s_candidates': host.candidate_s, **elastic.recorded(exp),
-                 **host.to_json()}  # fmt: skip
+        saved = {'step': done, 'seed': cfg.seed, 'config': config_json(cfg),
+                 'compute_s': compute_s, 'compute_s_candidates': host.candidate_s,
+                 **elastic.recorded(exp), **host.to_json()}  # fmt: skip
         ckpt.save(done, state, saved)
       for hook in hooks:
         hook(done, log, ckpt)
