@@ -121,14 +121,12 @@ def selsync(
   values with weights (1 − 0.01)^age. The paper's Eq. 2 uses expected
   squared norms: `norm='global', squared=True`.
 
-  After a synchronisation every worker should hold the synchronised model m.
-  The update moves worker n there as w_n + (m − w_n), which rounds: with
-  `optax.apply_updates` the workers' models differ from m, and from each
-  other, by up to an ulp of max(|w_n|, |m|) in some of the elements (it does
-  not grow: the next synchronisation starts over). `jd.sync.apply_updates(
-  params, updates, opt_state)` gives every worker m itself, bitwise, from the
-  state's `anchor`: with an averager the anchor is kept anyway; without one
-  it costs one copy of the model per worker. The library's loops use it.
+  Apply the updates with `jd.sync.apply_updates(params, updates, opt_state)`
+  (the library's loops do): after a synchronisation it gives every worker the
+  synchronised model, bitwise, from the state's `anchor`, where
+  `optax.apply_updates` rounds w + (m − w) and leaves the workers up to an ulp
+  apart (see its docstring). With an averager the anchor is kept anyway;
+  without one it costs one copy of the model per worker.
 
   Args:
     optimizer: the local optimizer (e.g. `optax.sgd(0.1, momentum=0.9)`).
