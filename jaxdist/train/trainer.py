@@ -48,8 +48,9 @@ RUN_FILES = (
 # (`check_resume`).
 MAY_CHANGE_ON_RESUME = (
   'steps', 'workers', 'devices', 'sync.per_worker', 'eval_every', 'eval_batch_size',
-  'noise_every', 'checkpoint_every', 'keep_checkpoints', 'progress', 'fault.kill_at_step',
-  'dataset.data_dir', 'dataset.download', 'network.compute_budget_s', 'compare', 'variants',
+  'noise_every', 'noise_decay', 'checkpoint_every', 'keep_checkpoints', 'progress',
+  'fault.kill_at_step', 'dataset.data_dir', 'dataset.download', 'network.compute_budget_s',
+  'compare', 'variants',
 )  # fmt: skip
 START_AFRESH = (
   'resume with the config that wrote it, or start afresh with --fresh (fresh=True in Python), '
