@@ -588,7 +588,7 @@ def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, A
       f'this config ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}). '
       f'Use a fresh --workdir or the config that wrote it.'
     ) from e
-  logging.info('resumed from step %d (%s)', start, meta)
+  logging.info('resumed from step %d (%s)', start, {k: v for k, v in meta.items() if k != 'config'})
   return state, start, meta
 
 
