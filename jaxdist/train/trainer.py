@@ -325,7 +325,9 @@ class Noise:
   def measure(self, t: int, state, batch: tuple[jax.Array, ...], clock: Clock) -> dict[str, float]:
     """The record's noise fields at step t (0-based), if it is measured; else {}.
 
-    The steps before it finish on the clock; the measurement is off it.
+    The steps before it finish on the clock; the measurement is off it. A
+    measurement that is not finite (a run that diverged) is recorded but not
+    smoothed in: the run goes on and its loss says what happened.
     """
     if not self.every or t % self.every:
       return {}
@@ -333,7 +335,8 @@ class Noise:
     with clock.paused():
       args = batch[: 3 if self.exp.counted else 2]
       worker_sq, mean_sq = jax.device_get(self.step(state, *args))
-    self.state = self.meter.update(self.state, worker_sq, mean_sq)
+    if np.isfinite(worker_sq) and np.isfinite(mean_sq):
+      self.state = self.meter.update(self.state, worker_sq, mean_sq)
     return {'noise_worker_sq': float(worker_sq), 'noise_mean_sq': float(mean_sq), **self.summary()}
 
   def summary(self) -> dict[str, float]:
