@@ -47,6 +47,7 @@ peer_check_torch.py's SECTIONS under the same name.
 
 import os
 import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -58,6 +59,7 @@ flags.DEFINE_integer('workers', 4, 'Workers on each side.')
 flags.DEFINE_list('ranks', ['1', '2', '4', '8'], 'PowerSGD ranks.')
 flags.DEFINE_integer('steps', 12, 'Steps of powersgd (the first 2 dense) and of local_sgd.')
 flags.DEFINE_integer('seed', 0, 'Seed of the inputs.')
+flags.DEFINE_string('results', None, 'Also write the comparisons to this markdown file.')
 FLAGS = flags.FLAGS
 TORCH_SIDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'peer_check_torch.py')
 START = 2  # dense steps before PowerSGD: the hook's start_powerSGD_iter must be > 1
@@ -335,6 +337,7 @@ def main(argv):
 
   runtime.cpu_devices(FLAGS.workers)
   rng = np.random.default_rng(FLAGS.seed)
+  out = []
   for section in FLAGS.sections:
     if section not in SECTIONS:
       raise SystemExit(f'error: --sections: {section!r} is not one of {sorted(SECTIONS)}')
@@ -346,8 +349,25 @@ def main(argv):
         path = os.path.join(folder, 'inputs.npz')
         np.savez(path, **inputs)
         sides['PyTorch'] = torch_side(section, path, FLAGS.workers, folder)
-    print(f'\n== {section} ({FLAGS.workers} workers)')
-    print('\n'.join(report(inputs, sides)), flush=True)
+    lines = [f'== {section} ({FLAGS.workers} workers)', *report(inputs, sides)]
+    print('\n' + '\n'.join(lines), flush=True)
+    out += [*lines, '']
+  if FLAGS.results:
+    write_results(FLAGS.results, out)
+
+
+def write_results(path: str, lines: list[str]) -> None:
+  """The comparisons as a results file: command, machine, date and torch's version, the text."""
+  from jaxdist.train import report
+
+  command = ' '.join(['python', 'experiments/peer_check.py', *sys.argv[1:]])
+  head = report.provenance(command)
+  if FLAGS.torch_python:
+    ask = [FLAGS.torch_python, '-c', 'import torch; print(torch.__version__)']
+    head += f' PyTorch {subprocess.run(ask, capture_output=True, text=True).stdout.strip()}.'
+  with open(path, 'w') as f:
+    f.write(head + '\n\n```\n' + '\n'.join(lines).rstrip() + '\n```\n')
+  print(f'results: {path}')
 
 
 if __name__ == '__main__':

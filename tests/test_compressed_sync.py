@@ -205,6 +205,16 @@ def test_cast_mean_is_finite_at_the_top_of_the_format(dtype, collective, workers
   assert err <= roundings * u, f'mean off by {err:.2e} of the largest value: {means[0]}'
 
 
+@pytest.mark.parametrize('value', [16384.0, 20000.0])
+def test_fp16_allreduce_of_four_values_whose_sum_float16_cannot_hold(value):
+  """4 workers each send 1,024 elements all equal to `value` (representable in float16, as is
+  the mean; the sum, 65,536 or 80,000, is not): the mean is `value`, within float16's u."""
+  g = np.full((4, 1024), value, np.float32)
+  means, _ = cast_step('float16', 'allreduce', g)
+  u = float(jnp.finfo('float16').eps) / 2
+  assert np.max(np.abs(means - value)) <= u * value, means[:4]
+
+
 @pytest.mark.parametrize('dtype, collective', [p for p in CAST_PATHS if p[0] != 'bfloat16'])
 def test_cast_mean_keeps_values_in_the_subnormal_range(dtype, collective):
   """Gradients between the format's smallest normal and below its smallest subnormal.

@@ -520,6 +520,29 @@ def test_apply_updates_is_optax_apply_updates_where_nothing_synchronised():
     np.testing.assert_array_equal(got['w'], want['w'])
 
 
+def test_apply_updates_puts_each_groups_model_into_its_own_parameters():
+  """Two parameter groups, local SGD every 2 steps on 'a' and every 3 on 'b'
+  (`optax.multi_transform`), and 'b' alone under `optax.masked`: after each group's own
+  averages its parameters are one model bitwise, and the other group's are left apart."""
+  start = {'a': spread_start()['w'], 'b': -spread_start()['w']}
+  grads = lambda t: {'a': spread_grads(t)['w'], 'b': spread_grads(t + 10)['w']}
+  local = lambda period: optax.chain(optax.sgd(0.1), sync.local_sgd(period, axis_name=AX))
+  groups = optax.multi_transform({'a': local(2), 'b': local(3)}, {'a': 'a', 'b': 'b'})
+  masked = optax.chain(
+    optax.masked(optax.sgd(0.1), {'a': True, 'b': False}),
+    optax.masked(local(3), {'a': False, 'b': True}),
+  )
+  for tx, periods in [(groups, {'a': 2, 'b': 3}), (masked, {'b': 3})]:
+    run = testing.Run(tx, start, workers=W)
+    for t in range(6):
+      new = run(grads(t))
+      for k in ('a', 'b'):
+        w = np.asarray(new[k])
+        differ = int(np.sum(np.any(w != w[0], axis=0)))
+        synced = k in periods and (t + 1) % periods[k] == 0
+        assert (differ == 0) if synced else (differ > N // 2), (k, t, differ)
+
+
 @pytest.mark.parametrize('wrap', ['accumulate', 'skip_nonfinite'])
 def test_a_wrapper_that_keeps_the_state_of_a_synchronisation_leaves_that_model(wrap):
   """Steps the wrapper skips (accumulating, or a NaN gradient) apply zero updates and keep the

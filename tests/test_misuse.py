@@ -68,3 +68,32 @@ def test_collectives_check_their_axes():
     jax.jit(workers.map(per_worker, in_axes=(0,)))(jnp.ones((8, 2)))
   with pytest.raises(ValueError, match=r"axis name 'data' is not bound here"):
     comm.pmean(jnp.ones(2), runtime.AXES)
+
+
+def test_a_level_of_a_hierarchy_may_name_the_device_axis_alone():
+  """Asked for as a subgroup, the device axis's size, index, sum, maximum and mean are allowed
+  with 4 simulated workers a device: worker (d, s) gets those over the devices' worker s."""
+  workers = runtime.layout(8, devices=2)
+
+  def fn(x):
+    size = comm.axis_size(runtime.DATA, subgroup=True)
+    index = comm.axis_index(runtime.DATA, subgroup=True)
+    total, _ = comm.psum(x, runtime.DATA, subgroup=True)
+    most, _ = comm.pmax(x, runtime.DATA, subgroup=True)
+    mean, _ = comm.pmean(x, runtime.DATA, subgroup=True)
+    return jnp.stack([size + 0 * x, index + 0 * x, total, most, mean])
+
+  x = jnp.arange(8.0)
+  got = np.asarray(jax.jit(workers.map(fn, in_axes=[0]))(jax.device_put(x, workers.sharding)))
+  by_sim = np.arange(8.0).reshape(2, 4)  # [device, simulated worker]
+  want = np.stack(
+    [
+      np.full(8, 2.0),
+      np.repeat([0.0, 1.0], 4),
+      np.tile(by_sim.sum(0), 2),
+      np.tile(by_sim.max(0), 2),
+      np.tile(by_sim.mean(0), 2),
+    ],
+    axis=1,
+  )
+  assert float(np.max(np.abs(got - want))) <= 0, (got, want)

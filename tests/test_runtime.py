@@ -52,6 +52,7 @@ def test_independent_collectives_in_flight_do_not_hang():
 # collectives that do not depend on each other. Without PJRT_NPROC from jaxdist it aborted
 # after 40-60 s ("Termination timeout for all reduce ... Expected 8 threads") on 2 cores.
 JAX_WAY = """
+import os
 import sys
 import numpy as np
 import jax
@@ -68,7 +69,7 @@ x = y = jax.device_put(np.ones((16, 1000), np.float32), workers.sharding)
 for _ in range(500):
   x, y = step(x, y)
 jax.block_until_ready((x, y))
-print(workers.devices, workers.per_device, float(np.asarray(y).max()))
+print(workers.devices, workers.per_device, float(np.asarray(y).max()), os.environ['PJRT_NPROC'])
 """
 
 
@@ -85,8 +86,9 @@ def test_cpu_devices_asked_the_jax_way_do_not_hang(way):
     [sys.executable, '-c', JAX_WAY, way], env=env, capture_output=True, text=True, timeout=180
   )
   assert done.returncode == 0, done.stderr[-2000:]
-  # y <- y/2 + 16e-3 y: 500 steps from 1 shrink it below float32's range
-  assert done.stdout.split() == ['8', '2', '0.0']
+  # y <- y/2 + 16e-3 y: 500 steps from 1 shrink it below float32's range; and the threads
+  # were given (on a machine with many cores the default would not hang, but still differ)
+  assert done.stdout.split() == ['8', '2', '0.0', str(runtime.cpu_threads(8))]
 
 
 def test_layout_refuses_cpu_devices_that_started_on_default_threads(monkeypatch):

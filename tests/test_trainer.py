@@ -664,3 +664,16 @@ def test_a_compute_term_that_is_not_seconds_is_refused(tmp_path, key, bad):
   with pytest.raises(ValueError, match=rf'network.{key} must be a finite number of seconds'):
     factory.build(config, str(tmp_path / 'w'))
   assert not (tmp_path / 'w').exists()
+
+
+def test_a_run_that_diverges_trains_on_and_reports_nan(tmp_path, data_dir, monkeypatch):
+  """A learning rate of 1e4 sends the loss to inf and NaN within a few steps; the noise measured
+  on every step is then NaN too, which is recorded but kept out of the smoothed γ."""
+  _, records, _ = run_digits(
+    tmp_path, 'diverged', data_dir, monkeypatch, steps=6, noise_every=1,
+    **{'optimizer.learning_rate': 1e4, 'optimizer.schedule': 'constant'},
+  )  # fmt: skip
+  assert len(records) == 6
+  assert np.isnan(records[-1]['loss']) and np.isnan(records[-1]['noise_worker_sq'])
+  finite = [r for r in records if np.isfinite(r['noise_worker_sq'])]
+  assert finite and all(np.isfinite(r['gamma']) for r in records), records

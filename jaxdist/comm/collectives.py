@@ -143,31 +143,39 @@ def _names(axis_name: AxisName, subgroup: bool = False) -> tuple[str, ...]:
   return names
 
 
-def axis_size(axis_name: AxisName) -> int:
-  """Number of workers on `axis_name` (static; call inside the mapped step)."""
-  return math.prod(lax.axis_size(n) for n in _names(axis_name))
+def axis_size(axis_name: AxisName, *, subgroup: bool = False) -> int:
+  """Number of workers on `axis_name` (static; call inside the mapped step).
+
+  `subgroup`: the size of one level of a hierarchy, which may name the device
+  axis without the simulated one (see `_names`).
+  """
+  return math.prod(lax.axis_size(n) for n in _names(axis_name, subgroup))
 
 
-def axis_index(axis_name: AxisName) -> jax.Array:
-  """This worker's index on `axis_name`, row-major over a tuple of axes."""
-  return lax.axis_index(_names(axis_name))
+def axis_index(axis_name: AxisName, *, subgroup: bool = False) -> jax.Array:
+  """This worker's index on `axis_name`, row-major over a tuple of axes (`subgroup` as above)."""
+  return lax.axis_index(_names(axis_name, subgroup))
 
 
-def psum(tree: Any, axis_name: AxisName) -> tuple[Any, Transfer]:
-  """Sum of `tree` over workers: one all-reduce of the whole tree."""
-  return lax.psum(tree, _names(axis_name)), transfer(ALL_REDUCE, tree_nbytes(tree))
+def psum(tree: Any, axis_name: AxisName, *, subgroup: bool = False) -> tuple[Any, Transfer]:
+  """Sum of `tree` over workers: one all-reduce of the whole tree.
+
+  `subgroup`: a sum over one level of a hierarchy, which may name the device
+  axis without the simulated one (see `_names`).
+  """
+  return lax.psum(tree, _names(axis_name, subgroup)), transfer(ALL_REDUCE, tree_nbytes(tree))
 
 
-def pmean(tree: Any, axis_name: AxisName) -> tuple[Any, Transfer]:
-  """Mean of `tree` over workers: one all-reduce of the whole tree."""
-  total, sent = psum(tree, axis_name)
-  n = axis_size(axis_name)
+def pmean(tree: Any, axis_name: AxisName, *, subgroup: bool = False) -> tuple[Any, Transfer]:
+  """Mean of `tree` over workers: one all-reduce of the whole tree (`subgroup` as `psum`)."""
+  total, sent = psum(tree, axis_name, subgroup=subgroup)
+  n = axis_size(axis_name, subgroup=subgroup)
   return jax.tree.map(lambda x: (x / n).astype(x.dtype), total), sent
 
 
-def pmax(tree: Any, axis_name: AxisName) -> tuple[Any, Transfer]:
+def pmax(tree: Any, axis_name: AxisName, *, subgroup: bool = False) -> tuple[Any, Transfer]:
   """Elementwise maximum of `tree` over workers: one all-reduce (with `max`) of the tree."""
-  return lax.pmax(tree, _names(axis_name)), transfer(ALL_REDUCE, tree_nbytes(tree))
+  return lax.pmax(tree, _names(axis_name, subgroup)), transfer(ALL_REDUCE, tree_nbytes(tree))
 
 
 def all_gather(tree: Any, axis_name: AxisName, *, subgroup: bool = False) -> tuple[Any, Transfer]:

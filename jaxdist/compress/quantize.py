@@ -134,9 +134,8 @@ class Cast(Compressor):
 
   def encode(self, x, state, key):
     del key
-    dtype = _CASTS[self.dtype][0]
-    limit = float(jnp.finfo(dtype).max)
-    return (jnp.clip(x, -limit, limit).astype(dtype),), state
+    limit = float(jnp.finfo(self.narrow_dtype).max)
+    return (jnp.clip(x, -limit, limit).astype(self.narrow_dtype),), state
 
   def decode(self, payload, state, n):
     del state, n

@@ -51,8 +51,10 @@ def apply_updates(params: optax.Params, updates: optax.Updates, opt_state: Any) 
   that synchronise. Wrappers of the whole chain (`accumulate`,
   `skip_nonfinite`, `optax.MultiSteps`) may keep the state of a step that
   synchronised over steps they skip; those steps' updates are zero and the
-  workers hold that model already, so it is put in again unchanged. With
-  several such transforms in one state, the last in tree order decides.
+  workers hold that model already, so it is put in again unchanged. A
+  transform that holds only some of the parameters (under `optax.masked` or
+  `optax.multi_transform`, e.g. a period per parameter group) puts its model
+  into those alone, after its own synchronisations.
 
   Args:
     params: the parameters before the step.
@@ -76,17 +78,16 @@ def apply_updates(params: optax.Params, updates: optax.Updates, opt_state: Any) 
     >>> exact.tolist()
     [0.05000000074505806, 0.05000000074505806]
   """
-  found = model_sync_states(opt_state)
-  if not found:
-    return optax.apply_updates(params, updates)
-  last = found[-1]
+  new = optax.apply_updates(params, updates)
+  for state in model_sync_states(opt_state):
+    new = _put_in(new, state)
+  return new
 
-  def synchronised(params, updates, anchor):
-    del updates
-    return jax.tree.map(lambda p, a: jnp.asarray(a).astype(jnp.asarray(p).dtype), params, anchor)
 
-  def applied(params, updates, anchor):
-    del anchor
-    return optax.apply_updates(params, updates)
-
-  return lax.cond(last.just_synced, synchronised, applied, params, updates, last.anchor)
+def _put_in(new: optax.Params, state: Any) -> optax.Params:
+  """`new`, with `state`'s synchronised model in the leaves it holds if its last update synced."""
+  held = lambda a: not isinstance(a, optax.MaskedNode)
+  synced = jax.tree.map(
+    lambda n, a: jnp.asarray(a).astype(n.dtype) if held(a) else n, new, state.anchor
+  )
+  return lax.cond(state.just_synced, lambda: synced, lambda: new)

@@ -186,7 +186,7 @@ def hitopk_allreduce(
       count = optax.safe_increment(state.count)
       return updates, state._replace(count=count, intra=intra, inter=inter)
     _check_axis(local_axis, m)
-    n = lax.axis_size(node_axis)
+    n = comm.axis_size(node_axis, subgroup=True)
     leaves = jax.tree.leaves(updates)
     flat_D, unravel = ravel_pytree([x.astype(jnp.float32) for x in leaves])
     flat_MxS = jnp.pad(flat_D, (0, m * s - d)).reshape(m, s)

@@ -7,17 +7,38 @@
 - `step`: the jitted, sharded train and eval steps.
 """
 
-from jaxdist.train import checkpoint, compare, config, factory, ledger, metrics, report
-from jaxdist.train.factory import ConfigError, Experiment, build, load_config
-from jaxdist.train.step import (
-  SplitChain,
-  TrainState,
-  make_eval_step,
-  make_init,
-  make_reference_step,
-  make_train_step,
-)
-from jaxdist.train.trainer import train_and_evaluate
+import importlib
+from typing import Any
+
+# Loaded on first use, so that a binary can parse its flags (`cli`) before the training
+# stack (flax, orbax, tfds, matplotlib) loads.
+_MODULES = ('checkpoint', 'compare', 'config', 'factory', 'ledger', 'metrics', 'report')
+_NAMES = {
+  'ConfigError': 'factory',
+  'Experiment': 'factory',
+  'build': 'factory',
+  'load_config': 'factory',
+  'SplitChain': 'step',
+  'TrainState': 'step',
+  'make_eval_step': 'step',
+  'make_init': 'step',
+  'make_reference_step': 'step',
+  'make_train_step': 'step',
+  'train_and_evaluate': 'trainer',
+}
+
+
+def __getattr__(name: str) -> Any:
+  if name in _NAMES:
+    return getattr(importlib.import_module(f'jaxdist.train.{_NAMES[name]}'), name)
+  if name in _MODULES:
+    return importlib.import_module(f'jaxdist.train.{name}')
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__() -> list[str]:
+  return sorted(__all__)
+
 
 __all__ = [
   'ConfigError',

@@ -407,21 +407,12 @@ def recorded(exp) -> dict[str, Any]:
 
 
 def check_same_run(meta: Mapping[str, Any], exp) -> None:
-  """Raises `ReshardError` if the checkpoint (its metadata) is another model's or method's,
-  or if it or this run holds one model per device (`sync.per_worker='device'`, which is not
-  resharded) and the two differ in workers, devices or per_worker.
-
-  Checkpoints written before these fields were recorded pass the first check unchecked.
+  """Raises `ReshardError` if the checkpoint (its metadata) or this run holds one model per
+  device (`sync.per_worker='device'`, which is not resharded) and the two differ in workers,
+  devices or per_worker. (Another method or model is refused before, with every other
+  config change: `jaxdist.train.trainer.check_resume`.)
   """
   now = recorded(exp)
-  differ = [k for k in ('method', 'model') if k in meta and meta[k] != now[k]]
-  if differ:
-    them = f'sync.method={meta.get("method", "?")}, model.name={meta.get("model", "?")}'
-    us = f'sync.method={now["method"]}, model.name={now["model"]}'
-    raise ReshardError(
-      f'it was written by {them}; this run is {us}. Resume with the config that wrote it, '
-      'or start afresh in a new --workdir'
-    )
   layout = ('workers', 'devices', 'per_worker')
   if 'device' in (meta.get('per_worker'), now['per_worker']) and any(
     meta.get(k) != now[k] for k in layout

@@ -306,7 +306,10 @@ def make_train_step(
   `weight` (for `jd.sync.weighted_allreduce`). A `scale` multiplies each
   worker's update after the chain: the learning rate scaled for this step
   only (ScaDLES's linear scaling by Σb / B; exact for any optax optimizer,
-  whose update is the learning rate times a direction).
+  whose update is the learning rate times a direction). On a step where a
+  model-synchronising transform (`local_sgd`, `diloco`, `selsync`) in the
+  chain synchronises, the workers take its model, which the scale does not
+  reach: scale the learning rate inside the chain for those.
 
   Keyword arguments reach the chain as optax's extra arguments, one value
   per worker (e.g. `candidate=` of `compressed_allreduce(ratios=...)`).
@@ -764,8 +767,8 @@ def make_eval_step(
   The model evaluated is the mean of the workers' trained parameters
   (`trained_params`) and batch-norm statistics: for synchronous methods
   every worker holds it already; for local methods it is the consensus
-  model. Returns masked sums of loss and correct predictions, and the
-  count, so chunks can be added up.
+  model. Returns masked sums of the loss and (for integer class labels) of
+  the correct predictions, and the count, so chunks can be added up.
   """
 
   on_cpu = workers.mesh.devices.flat[0].platform == 'cpu'

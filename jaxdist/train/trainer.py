@@ -48,8 +48,9 @@ RUN_FILES = (
 # (`check_resume`).
 MAY_CHANGE_ON_RESUME = (
   'steps', 'workers', 'devices', 'sync.per_worker', 'eval_every', 'eval_batch_size',
-  'noise_every', 'checkpoint_every', 'keep_checkpoints', 'progress', 'fault.kill_at_step',
-  'dataset.data_dir', 'dataset.download', 'network.compute_budget_s', 'compare', 'variants',
+  'noise_every', 'noise_decay', 'checkpoint_every', 'keep_checkpoints', 'progress',
+  'fault.kill_at_step', 'dataset.data_dir', 'dataset.download', 'network.compute_budget_s',
+  'compare', 'variants',
 )  # fmt: skip
 START_AFRESH = (
   'resume with the config that wrote it, or start afresh with --fresh (fresh=True in Python), '
@@ -324,7 +325,9 @@ class Noise:
   def measure(self, t: int, state, batch: tuple[jax.Array, ...], clock: Clock) -> dict[str, float]:
     """The record's noise fields at step t (0-based), if it is measured; else {}.
 
-    The steps before it finish on the clock; the measurement is off it.
+    The steps before it finish on the clock; the measurement is off it. A
+    measurement that is not finite (a run that diverged) is recorded but not
+    smoothed in: the run goes on and its loss says what happened.
     """
     if not self.every or t % self.every:
       return {}
@@ -332,7 +335,8 @@ class Noise:
     with clock.paused():
       args = batch[: 3 if self.exp.counted else 2]
       worker_sq, mean_sq = jax.device_get(self.step(state, *args))
-    self.state = self.meter.update(self.state, worker_sq, mean_sq)
+    if np.isfinite(worker_sq) and np.isfinite(mean_sq):
+      self.state = self.meter.update(self.state, worker_sq, mean_sq)
     return {'noise_worker_sq': float(worker_sq), 'noise_mean_sq': float(mean_sq), **self.summary()}
 
   def summary(self) -> dict[str, float]:
@@ -587,7 +591,7 @@ def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, A
       f'this config ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}). '
       f'Use a fresh --workdir or the config that wrote it.'
     ) from e
-  logging.info('resumed from step %d (%s)', start, meta)
+  logging.info('resumed from step %d (%s)', start, {k: v for k, v in meta.items() if k != 'config'})
   return state, start, meta
 
 
