@@ -8,12 +8,12 @@ and warm-up call of each, the functions are timed in `--rounds` interleaved
 rounds (every function once per round, in a shuffled order) and the median is
 reported, which keeps a noisy machine's drift out of the ratios.
 
-Before and after (issue 14), side by side in the same rounds: rows marked
-`before` run the implementations of commit d9014e4 (copied below: QSGD and
+The earlier implementations beside the current ones, in the same rounds: rows
+marked `before` run them (copied below: QSGD and
 TernGrad drawing their coins with `jax.random.bernoulli`, threefry; DGC with
 `lax.top_k` of the sample, an abs of x and `jnp.nonzero`, over contiguous
-bins). DGC's bins are strided since 2026-11-24, so its payload is no longer
-the `before` one: at every size it is checked equal to a direct formulation
+bins). DGC's bins are strided now, so its payload is not the `before`
+one: at every size it is checked equal to a direct formulation
 of its rule (`_dgc_direct`: a padded |x| reshaped into rows, `argmax` down
 the rows, `jnp.nonzero`). With `--gradient_models` a fourth table says what
 the two layouts send on real gradients (the flattened gradient of each model
@@ -71,7 +71,7 @@ flags.DEFINE_integer('workers', 8, 'Workers N for the per-worker wire comparison
 flags.DEFINE_float('ratio', 0.01, 'Kept fraction for the sparsifiers.')
 flags.DEFINE_float('target', 3.0, 'Approximate Top-k target: at most this many memory passes.')
 flags.DEFINE_bool('keep_buffers', True, 'Keep freed buffers mapped (glibc mallopt) on Linux.')
-flags.DEFINE_bool('before', True, 'Also time the implementations before issue 14 (d9014e4).')
+flags.DEFINE_bool('before', True, 'Also time the earlier implementations (copied here).')
 flags.DEFINE_bool('prng', True, "Also time the random bits alone, for each of JAX's PRNGs.")
 flags.DEFINE_bool(
   'compaction', True, "Also time the sparsifiers' compaction alone: packed words and before."
@@ -98,7 +98,7 @@ def _matrix_shape(n: int) -> tuple[int, int]:
 
 
 def _sampled_threshold(dgc, x, key):
-  """(threshold, start key): DGC's sampled threshold by `lax.top_k`, as at d9014e4."""
+  """(threshold, start key): DGC's sampled threshold by `lax.top_k`, as it was."""
   import jax
   import jax.numpy as jnp
   from jax import lax
@@ -112,7 +112,7 @@ def _sampled_threshold(dgc, x, key):
 
 def _compact_direct(mask, k, offset=0):
   """(positions[k], valid[k]): the held positions from `offset` on, cyclically, by
-  `jnp.roll` and `jnp.nonzero` (as at d9014e4); unfilled slots hold the mask's size."""
+  `jnp.roll` and `jnp.nonzero` (as it was); unfilled slots hold the mask's size."""
   import jax.numpy as jnp
 
   n = mask.size
@@ -123,7 +123,7 @@ def _compact_direct(mask, k, offset=0):
 
 
 def _before_classes(jd):
-  """QSGD, TernGrad and DGC as at commit d9014e4 (before issue 14), for side-by-side rows."""
+  """QSGD, TernGrad and DGC as they were, for side-by-side rows."""
   import jax
   import jax.numpy as jnp
 

@@ -81,8 +81,8 @@ SETTINGS = {
   'sync.local_sgd.warmup_steps': 11,
   'progress': False,
 }
-TARGET_DENSE_VS_DDP = 0.5  # issue 14: jaxdist's dense step at most this times DDP's
-# issue 14: step ÷ dense at most these (its Top-k target, held to both the exact and DGC's)
+TARGET_DENSE_VS_DDP = 0.5  # target: jaxdist's dense step at most this times DDP's
+# targets: step ÷ dense at most these (the Top-k one held to both the exact and DGC's)
 TARGET_RATIOS = {'powersgd2': 1.1, 'topk1_ef': 1.2, 'dgc1': 1.2}
 
 
@@ -287,7 +287,7 @@ def columns(with_ddp: bool) -> list[tuple[str, str]]:
 
 
 def targets(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-  """Issue 14's targets against this run: one line each, 'met' or 'not met' (or no figure)."""
+  """The targets against this run: one line each, 'met' or 'not met' (or no figure)."""
   by = {r['variant']: r for r in rows}
   out = []
 

@@ -7,7 +7,7 @@ device or spread over all of them. Simulated workers compute their gradients
 each way of `make_train_step(per_worker=...)` (`--per_worker`), side by side in
 one run:
 
-  vmap  together, as the step did at the start of issue 14: per-worker weights
+  vmap  together (`jax.vmap` over the workers): per-worker weights
         make every convolution a grouped one.
   loop  one after the other (`lax.map`), dense convolutions; on the CPU with
         the convolutions in Eigen's layout and the sums over workers written

@@ -2,7 +2,8 @@ r"""Trains and evaluates a data-parallel model as a config file says.
 
   python experiments/train.py --config=configs/digits.py --workdir=/tmp/digits
   python experiments/train.py --config=configs/digits.py:runlocal --workdir=/tmp/d \
-      --config.sync.method=compressed --config.sync.compressor=topk --config.workers=16
+      --config.sync.method=compressed_allreduce --config.compress.name=topk \
+      --config.workers=16
 
 Multi-process (one command per process; on a cluster, `--distributed` alone
 lets JAX find its peers):

@@ -17,7 +17,7 @@ def test_sizes_are_the_digits_cnn_widened():
   """150K is the digits CNN itself (m = 8); other targets widen every layer by m/8."""
   bench = load_experiment('bench_step')
   model, m, n = bench._sized('cnn', (8, 8, 1), 150_000)
-  assert (m, n) == (8, 151_306)  # the digits CNN's count (issue 14's PyTorch comparison)
+  assert (m, n) == (8, 151_306)  # the digits CNN's count (the PyTorch DDP comparison's)
   assert (model.features, model.hidden) == ((32, 64), 128)
   for target in (2_000, 1_000_000, 10_000_000):
     _, m, n = bench._sized('cnn', (8, 8, 1), target)

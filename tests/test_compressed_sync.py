@@ -472,7 +472,7 @@ def test_auto_picks_the_cheaper_collective(network, ratio, expected):
 
 
 def test_auto_chooses_the_collective_for_each_warmup_stage():
-  """Issue 10's example: Top-k 0.1% of 20,000 values, 8 workers, a 1 Gbit/s 25 µs ring, DGC's
+  """Top-k 0.1% of 20,000 values, 8 workers, a 1 Gbit/s 25 µs ring, DGC's
   warm-up over 8 steps in 4 stages (25%, 6.3%, 1.6%, 0.4%, then 0.1% kept). Every step runs the
   collective the α-β model prices lower for the ratio then in force: AR-Top-k early, the
   all-gather from the final ratio on (84 µs against 428 µs)."""

@@ -1,4 +1,4 @@
-"""Every public transform documents itself (issue 8): a runnable Example and a paper link.
+"""Every public transform documents itself: a runnable Example and a paper link.
 
 The Examples themselves run under `pytest --doctest-modules` (see pyproject.toml).
 """

@@ -1,4 +1,4 @@
-"""jaxdist under optax's wrappers (issue 10): non-finite steps, accumulation, injection."""
+"""jaxdist under optax's wrappers: non-finite steps, accumulation, injection."""
 
 import jax
 import jax.numpy as jnp

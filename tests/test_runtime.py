@@ -13,7 +13,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Steps with two collectives that do not depend on each other, dispatched without waiting: with
 # XLA's default pools (one thread per device on a machine with fewer cores than devices) this
-# hung in every try on the 2-core machine of issue 14 (40 s, then an abort).
+# hung in every try on a 2-core machine (40 s, then an abort).
 STEPS = """
 import os
 import numpy as np

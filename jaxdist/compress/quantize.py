@@ -51,7 +51,7 @@ def _per_element(v: jax.Array, size: int | None, n: int) -> jax.Array:
 
 
 def _draw(key: jax.Array, p: jax.Array, rng_bits: int | None, size: int | None) -> jax.Array:
-  """Bernoulli(p) over the flat p; rng_bits=None: drawn as before issue 14."""
+  """Bernoulli(p) over the flat p; rng_bits=None: `jax.random.bernoulli` per bucket."""
   if rng_bits is None:  # jax.random.bernoulli over the zero-padded [buckets, size] layout
     return _unbucket(jax.random.bernoulli(key, buckets(p, size)), p.size)
   return bernoulli(key, p, rng_bits)
@@ -63,7 +63,7 @@ def _check_rng_bits(rng_bits):
 
 
 def with_rng_bits(c: QSGD | TernGrad, rng_bits: int | None) -> QSGD | TernGrad:
-  """`c` with coins of `rng_bits` bits (8, 16 or 32), or None: as before issue 14.
+  """`c` with coins of `rng_bits` bits (8, 16 or 32), or None: `jax.random.bernoulli`.
 
   The coins' width is a class attribute, not a hyper-parameter (configs do not
   set it): this makes a subclass that overrides it, with `c`'s fields.
@@ -153,8 +153,8 @@ class QSGD(Compressor):
 
   The rounding coins compare 16-bit uniform integers (`bernoulli`), so the
   expectation is x to within 2^-17 of a level step (‖x‖/s) per element;
-  `with_rng_bits` gives 8 or 32 bits, or None: `jax.random.bernoulli` as
-  before issue 14 (threefry, 23-bit floats; 5-10x slower on the CPU).
+  `with_rng_bits` gives 8 or 32 bits, or None: `jax.random.bernoulli`
+  (threefry, 23-bit floats; 5-10x slower on the CPU).
 
   Reference: Alistarh, Grubic, Li, Tomioka, Vojnovic. QSGD:
   Communication-Efficient SGD via Gradient Quantization and Encoding.

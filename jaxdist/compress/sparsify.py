@@ -41,7 +41,7 @@ def _prefix_sum(x: jax.Array, block: int = 32, bound: int | None = None) -> jax.
   counts of 0 or 1). Blocks of `block` are summed by a matmul with a
   triangular matrix of ones and the blocks' totals by the same, recursively:
   exact in float32 while the bound is below 2^24 (else `lax.associative_scan`).
-  On the CPU of issue 14 this runs as fast as `associative_scan` and compiles
+  On a 2-core CPU this runs as fast as `associative_scan` and compiles
   2-3x faster; jnp's `cumsum` (towers of reduce-windows) runs 2-3x slower.
   """
   *lead, n = x.shape
@@ -94,8 +94,8 @@ def _compact_counted(
   whose count reaches the rank, found by k binary searches over the n/32
   word counts, or, where n <= 16k (DGC's 2k bins), by one pass over the
   ranks (a histogram of the words' counts, prefix-summed); then the rank's
-  bit within the word by 5 halving steps of population counts. On the CPU of
-  issue 14, against binary searches over every position's prefix sum
+  bit within the word by 5 halving steps of population counts. On a 2-core
+  CPU, against binary searches over every position's prefix sum
   (`_compact_by_positions`, used below): 10M positions, k = 100K: 12 against
   61 ms; 1M, 100K: 3.3 against 5.8 ms; DGC's 200K bins, 100K slots: 0.9
   against 2.6 ms; 151K, 1.5K: 0.29 against 0.81 ms. Scattering every
@@ -303,7 +303,7 @@ def top_k_bisect(a: jax.Array, k: int, width: int | None = None) -> jax.Array:
   (ascending here, by value there), which no decode sees. (-0.0 would rank
   below every other value: pass |x|, as `TopK` does.)
 
-  Cost (2-core CPU of issue 14, 151K floats, k = 1%, eight devices each
+  Cost (a 2-core CPU, 151K floats, k = 1%, eight devices each
   selecting): 3.0 ms against 5.0 ms for `lax.top_k`; at 10M floats on one
   device far less than top_k, which sorts. Needs n >= 2k (else use top_k).
   Tried there and slower or no faster: widths 4-40 against the default 10,
@@ -429,7 +429,7 @@ class TopK(_Sparsifier):
   elements, and only the order of the payload's slots differs:
   - `'top_k'`: `lax.top_k` (slots by value, largest first).
   - `'bisect'`: `top_k_bisect`, bins and bisection of bit patterns, no sort
-    (slots by position). On the 2-core CPU of issue 14, eight devices each
+    (slots by position). On a 2-core CPU, eight devices each
     selecting 1% of 151K floats: 3.0 against 5.0 ms; on one device, 2.5
     against 9.8 ms at 1M floats and 30 against 180 ms at 10M, where top_k
     sorts (`experiments/bench_compress.py` prints the rows side by side).
@@ -552,7 +552,7 @@ class DGC(_Sparsifier):
   Runs longer than B still collide. A NaN never ranks as a bin's largest;
   a NaN drawn into the sample makes the threshold NaN, and nothing is sent.
 
-  Cost (encode + decode, the 2-core CPU of issue 14, 1%): 2.51x a memory
+  Cost (encode + decode, a 2-core CPU, 1%): 2.51x a memory
   pass at 10M floats, 2.69x at 10,000,008 and 3.00x at 1M in the README's
   bench_compress run (the contiguous bins: 3.18x, 3.88x and 3.20x in the
   run before). Scratch breakdown at 10M: one read of x folds each bin's

@@ -11,7 +11,8 @@ half-iteration stagger implies. One wave is plain synchronous SGD.
 
 The system form (one jitted step that runs the waves' passes one after the
 other under rematerialisation, so only one wave's activations are alive at
-a time) is `jaxdist.train.waves`.
+a time) is the trainer's `make_train_step(staggered=True)`
+(`config.sync.staggered`).
 
 Wavelet's code and full text were not available; how its two waves merge
 updates is not described in what was. This form (one model, alternating

@@ -298,7 +298,8 @@ def make_train_step(
   reassociation inside the convolutions and the sums over workers. With `staggered`, the workers go
   one after the other under rematerialisation (`lax.map` over
   `jax.checkpoint`ed passes), the system form of Wavelet's tick-tock waves
-  (`jaxdist.train.waves`); `per_worker` must then be `'auto'` or `'loop'`.
+  (`jd.sync.tick_tock` is the method's transform); `per_worker` must then be
+  `'auto'` or `'loop'`.
 
   With `counted`, worker k trains on the first counts[k] of its B examples
   (per-worker batch sizes with static shapes: changing them never
@@ -699,9 +700,9 @@ def _replicated_together(tree, replicated):
   Reduced apart, the step's metrics were up to four collectives (the mean loss and
   accuracy, the summed transfer counts, the gathered norms and gains): XLA combines
   all-reduces, not an all-reduce with all-gathers. On the CPU each collective is a
-  rendezvous of all the devices' threads: `experiments/bench_peers.py` (8 devices on the 2
-  cores of issue 14) gave the digits CNN's Top-k step 1.26x the dense step's time before
-  this and 1.10x after (its tables, `experiments/results/peers_earlier_runs.md`).
+  rendezvous of all the devices' threads: in `experiments/bench_peers.py` (8 devices on a
+  2-core CPU) the digits CNN's Top-k step took 1.26x the dense step's time with the four
+  collectives and 1.10x with one (`experiments/results/peers_earlier_runs.md`).
   """
   leaves, treedef = jax.tree.flatten(tree)
   groups: dict[int, list[int]] = {}
