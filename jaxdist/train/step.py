@@ -298,8 +298,7 @@ def make_train_step(
   reassociation inside the convolutions and the sums over workers. With `staggered`, the workers go
   one after the other under rematerialisation (`lax.map` over
   `jax.checkpoint`ed passes), the system form of Wavelet's tick-tock waves
-  (`jd.sync.tick_tock` is the method's transform); `per_worker` must then be
-  `'auto'` or `'loop'`.
+  (`jd.sync.tick_tock`); `per_worker` must then be `'auto'` or `'loop'`.
 
   With `counted`, worker k trains on the first counts[k] of its B examples
   (per-worker batch sizes with static shapes: changing them never

@@ -9,7 +9,7 @@ import pytest
 
 from jaxdist import runtime
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import REPO
 
 # Steps with two collectives that do not depend on each other, dispatched without waiting: with
 # XLA's default pools (one thread per device on a machine with fewer cores than devices) this
