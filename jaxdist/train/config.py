@@ -36,31 +36,6 @@ def _int() -> config_dict.FieldReference:
   return config_dict.placeholder(int)
 
 
-# Where the local optimizer goes relative to each sync method: 'before' the
-# transform (it averages gradients), 'after' it (it averages models), or
-# passed 'in' as its first argument (it wraps the optimizer).
-METHODS = {
-  'allreduce': 'before',
-  'compressed_allreduce': 'before',
-  'hitopk_allreduce': 'before',
-  'powersgd': 'before',
-  'bucketed_allreduce': 'before',
-  'stale_sync': 'before',
-  'ssp': 'before',
-  'async_sgd': 'before',
-  'gradient_delay': 'before',
-  'local_sgd': 'after',
-  'diloco': 'after',
-  'gossip': 'after',
-  'sma': 'after',
-  'selsync': 'in',
-  'tick_tock': 'in',
-  'od_sgd': 'in',
-  'ssd_sgd': 'in',
-  'cd_sgd': 'in',
-}
-
-
 def optimizer(name: str = 'sgd', learning_rate: float = 0.1, **kw: Any) -> dict[str, Any]:
   """An optimizer section: what `factory.build_optimizer` reads."""
   return dict(
@@ -78,7 +53,7 @@ def optimizer(name: str = 'sgd', learning_rate: float = 0.1, **kw: Any) -> dict[
 def sync() -> ml_collections.ConfigDict:
   """`config.sync`: the method, and one section of factory arguments per method."""
   s = ml_collections.ConfigDict()
-  s.method = 'allreduce'  # a key of METHODS: the jaxdist.sync factory of that name
+  s.method = 'allreduce'  # a row of jaxdist.train.methods: the jaxdist.sync factory of that name
   # Gradient averaging (the local optimizer follows).
   s.allreduce = {}
   s.compressed_allreduce = dict(  # the compressor: config.compress
@@ -146,12 +121,12 @@ def sync() -> ml_collections.ConfigDict:
   s.staggered = False
   # How a device's simulated workers compute their gradients (make_train_step's per_worker):
   # 'auto' (loop on the CPU; elsewhere 'mean' where exact, else vmap), 'vmap', 'loop',
-  # 'shared' (one copy of the weights for the forward pass: only for the one-model methods
-  # in factory.SHARED_MODEL), 'mean' (one backward pass of the device's mean loss: only
-  # where the update sees the gradients only through their sum, factory.MEAN_ONLY) or
+  # 'shared' (one copy of the weights for the forward pass: only for the one-model methods,
+  # methods.Method.one_model), 'mean' (one backward pass of the device's mean loss: only
+  # where the update sees the gradients only through their sum, Method.mean_only) or
   # 'device' ('mean', and one model per device in the train state, the chain run once per
-  # device: memory that does not grow with the simulated workers; factory.DEVICE_MODEL;
-  # for compressed_allreduce, factory.DEVICE_SPLIT: each worker's own gradient at its
+  # device: memory that does not grow with the simulated workers; Method.device 'model';
+  # for compressed_allreduce, 'split': each worker's own gradient at its
   # device's model, its residual kept per worker, the optimizer once per device; a run
   # with it resumes only a checkpoint of the same workers, devices and per_worker).
   s.per_worker = 'auto'

@@ -36,12 +36,13 @@ run of M workers starts from, by one rule per leaf:
   is cut into the new layout's m' shards and every node gets m'·E on its
   shards, so (1/M) Σ_i' concat_j' e'_i'j' = E again.
 
-Which rule a method's model and local optimizer state take: `REPLICATED` for
-the synchronous methods (`SYNCHRONOUS`; gradient delay's queue holds
-gradients already averaged, as the trainer puts the all-reduce first, so it
-is replicated too), `MEAN` for the local ones (`LOCAL`; gossip keeps no
-buffers beyond the models, which are averaged to their consensus), `CYCLIC`
-for tick-tock; each jaxdist state's own fields have theirs (`FIELDS`).
+Which rule a method's model and local optimizer state take is its row's
+`model` in `jaxdist.train.methods`: `REPLICATED` for the synchronous methods
+(gradient delay's queue holds gradients already averaged, as the trainer
+puts the all-reduce first, so it is replicated too), `MEAN` for the local
+ones (gossip keeps no buffers beyond the models, which are averaged to their
+consensus), `CYCLIC` for tick-tock; each jaxdist state's own fields have
+theirs (the rows' `states`, merged in `FIELDS`).
 
 PRNG keys are replicated in every jaxdist state and folded with the worker
 index where workers must differ, so keeping the key gives M distinct,
@@ -66,79 +67,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdist import comm, sync
-from jaxdist.train import checkpoint
+from jaxdist import comm
+from jaxdist.train import checkpoint, methods
+from jaxdist.train.methods import CYCLIC, MEAN, REPLICATED, RESET, SHARDS
 from jaxdist.train.step import TrainState
-
-REPLICATED = 'replicated'
-MEAN = 'mean'
-CYCLIC = 'cyclic'
-RESET = 'reset'
-SHARDS = 'shards'
-
-# The model and the local optimizer's state: equal on every worker after each step of a
-# synchronous method (every worker applies the same averaged update), per worker otherwise.
-SYNCHRONOUS = (
-  'allreduce',
-  'compressed_allreduce',
-  'hitopk_allreduce',
-  'powersgd',
-  'bucketed_allreduce',
-  'gradient_delay',
-)
-LOCAL = ('local_sgd', 'diloco', 'selsync', 'sma', 'gossip')
-WAVES = ('tick_tock',)
-
-_IN_FLIGHT = 'its state holds gradients in flight (a per-worker mailbox of delayed gradients)'
-_DELAYED = (
-  'its workers keep local models one exchange behind the global model (a one-step delay pipeline)'
-)
-REFUSED = {
-  'stale_sync': _IN_FLIGHT,
-  'ssp': _IN_FLIGHT,
-  'async_sgd': _IN_FLIGHT,
-  'od_sgd': _DELAYED,
-  'ssd_sgd': _DELAYED,
-  'cd_sgd': _DELAYED + ' and per-worker compressed-exchange corrections',
-}
 
 # Per jaxdist state: a rule per field. None: the field's subtree follows the method's rule
 # for the model and local optimizer state (the context). Transfers are always RESET.
-FIELDS: dict[type, dict[str, str | None]] = {
-  sync.AllReduceState: {'wire': RESET},
-  sync.WeightedState: {'wire': RESET},
-  sync.CompressedState: {
-    'count': REPLICATED, 'key': REPLICATED, 'residual': MEAN, 'momentum': MEAN,
-    'compressor_state': RESET, 'wire': RESET, 'norms': RESET, 'gains': RESET,
-  },
-  sync.PowerSGDState: {
-    'count': REPLICATED, 'key': REPLICATED, 'residual': MEAN, 'qs': REPLICATED, 'wire': RESET,
-  },
-  sync.HiTopKState: {
-    'count': REPLICATED, 'key': REPLICATED, 'residual': SHARDS, 'compressor_state': RESET,
-    'intra': RESET, 'inter': RESET,
-  },
-  sync.BucketedState: {'buckets': None, 'wire': RESET},
-  sync.LocalSGDState: {
-    'count': REPLICATED, 'synced': REPLICATED, 'anchor': REPLICATED, 'averager': None,
-    'wire': RESET, 'just_synced': REPLICATED,
-  },
-  sync.DiLoCoState: {
-    'count': REPLICATED, 'synced': REPLICATED, 'anchor': REPLICATED, 'outer_state': REPLICATED,
-    'averager': None, 'wire': RESET, 'just_synced': REPLICATED,
-  },
-  sync.SelSyncState: {
-    'count': REPLICATED, 'synced': REPLICATED, 'inner': None, 'norms': MEAN, 'deltas': MEAN,
-    'smoothed': MEAN, 'anchor': REPLICATED, 'averager': None, 'wire': RESET,
-    'just_synced': REPLICATED,
-  },
-  sync.SMAState: {'center': REPLICATED, 'previous': REPLICATED, 'wire': RESET},
-  sync.GossipState: {'count': REPLICATED, 'wire': RESET},
-  sync.TickTockState: {'weights': REPLICATED, 'inner': REPLICATED, 'wire': RESET},
-  sync.GradientDelayState: {'queue': None},
-  sync.SpikeState: {'velocity': None},
-  sync.PredictionState: {'weights': None},
-}  # fmt: skip
+FIELDS = methods.state_rules()
 
 
 class ReshardError(ValueError):
@@ -147,17 +83,15 @@ class ReshardError(ValueError):
 
 def model_rule(method: str) -> str:
   """The rule of the model and the local optimizer's state under `method`."""
-  if method in SYNCHRONOUS:
-    return REPLICATED
-  if method in LOCAL:
-    return MEAN
-  if method in WAVES:
-    return CYCLIC
-  raise ReshardError(_refusal(method))
+  row = methods.METHODS.get(method)
+  if row is None or not row.model:
+    raise ReshardError(_refusal(method))
+  return row.model
 
 
 def _refusal(method: str) -> str:
-  why = REFUSED.get(method, 'elastic restore has no resharding rule for its state')
+  row = methods.METHODS.get(method)
+  why = (row and row.refused) or 'elastic restore has no resharding rule for its state'
   return (
     f'sync.method={method} cannot be resharded onto another number of workers: {why}. '
     'Resume it with the number of workers that wrote the checkpoint, or start afresh '
@@ -165,22 +99,24 @@ def _refusal(method: str) -> str:
   )
 
 
-def check(method: str, saved: int, workers: int, *, waves: int = 1) -> None:
+def check(method: str, saved: int, workers: int, *, multiple: int = 1) -> None:
   """Raises `ReshardError` unless `method`'s state of `saved` workers can move to `workers`.
 
   Args:
     method: the `config.sync.method` that wrote the checkpoint (and runs now).
     saved: N, the workers that wrote it.
     workers: M, this run's workers.
-    waves: tick-tock's waves, which must divide M.
+    multiple: what M must be a multiple of: the section value its row's
+      `multiple_of` names (tick-tock's waves).
   """
   model_rule(method)
   if workers < 1:
     raise ReshardError(f'workers must be >= 1, got {workers}')
-  if method in WAVES and waves > 1 and workers % waves:
+  if multiple > 1 and workers % multiple:
+    key = methods.METHODS[method].multiple_of
     raise ReshardError(
-      f'sync.method={method} splits the workers into {waves} waves: the {saved} workers of the '
-      f'checkpoint can resume on a multiple of {waves}, not on {workers}'
+      f'sync.method={method} splits the workers into {multiple} {key}: the {saved} workers of '
+      f'the checkpoint can resume on a multiple of {multiple}, not on {workers}'
     )
 
 
@@ -377,13 +313,15 @@ def owed(residual: np.ndarray) -> np.ndarray:
 
 def describe(method: str) -> str:
   """What `reshard` does to `method`'s state, in a line (for the log)."""
-  if method in SYNCHRONOUS:
-    return 'the model and optimizer state kept (equal on every worker), error memories averaged'
-  if method in LOCAL:
-    return 'local models and optimizer states averaged, anchors and outer state kept'
-  if method in WAVES:
-    return 'each worker takes a model of its wave, the shared model and optimizer kept'
-  return _refusal(method)
+  rule = methods.METHODS[method].model if method in methods.METHODS else ''
+  return _DESCRIBED.get(rule) or _refusal(method)
+
+
+_DESCRIBED = {
+  REPLICATED: 'the model and optimizer state kept (equal on every worker), error memories averaged',
+  MEAN: 'local models and optimizer states averaged, anchors and outer state kept',
+  CYCLIC: 'each worker takes a model of its wave, the shared model and optimizer kept',
+}
 
 
 # --- the trainer's side: checks on the checkpoint's metadata, and the restore ------------
@@ -437,7 +375,7 @@ def needed(meta: Mapping[str, Any], exp) -> bool:
     return False
   if meta['workers'] != now['workers']:
     return True
-  return now['method'] == 'hitopk_allreduce' and meta.get('devices') != now['devices']
+  return methods.get(now['method']).shards and meta.get('devices') != now['devices']
 
 
 def restore(exp, directory: str, step: int, template: Any, meta: dict[str, Any]):
@@ -455,7 +393,9 @@ def restore(exp, directory: str, step: int, template: Any, meta: dict[str, Any])
   """
   cfg, workers = exp.config, exp.workers
   method, saved = cfg.sync.method, int(meta['workers'])
-  check(method, saved, workers.count, waves=cfg.sync.tick_tock.waves if method in WAVES else 1)
+  row = methods.get(method)
+  multiple = cfg.sync[method][row.multiple_of] if row.multiple_of else 1
+  check(method, saved, workers.count, multiple=multiple)
   host = [k for k in ('batching', 'adaptive') if meta.get(k)]
   if host:
     raise ReshardError(
@@ -465,7 +405,7 @@ def restore(exp, directory: str, step: int, template: Any, meta: dict[str, Any])
     )
   state, _ = checkpoint.read(directory, step)
   local = None
-  if method == 'hitopk_allreduce':
+  if row.shards:  # a node's sum in shards: the nodes' sizes, saved and now
     local = (saved // int(meta['devices']), workers.per_device)
   arrays, report = reshard(state, template, method, local_size=local)
   put = lambda a: jax.make_array_from_callback(a.shape, workers.sharding, lambda i: a[i])

@@ -23,7 +23,7 @@ import optax
 
 from jaxdist import compress, control, data, models, netmodel, runtime, sync
 from jaxdist.faults import inject
-from jaxdist.train import adaptive
+from jaxdist.train import adaptive, methods
 from jaxdist.train import config as config_lib
 from jaxdist.train import step as step_lib
 
@@ -136,21 +136,6 @@ def _averager(name: str, config, axis_name, where: str):
   )
 
 
-def _bucket_plan(nbytes: int, where: str) -> Callable[[Any], list[list[int]]]:
-  if nbytes <= 0:
-    raise ValueError(f'config.{where}.buckets (bytes per bucket) must be > 0, got {nbytes}')
-
-  def plan(tree):  # fixed-size buckets, last leaves first (backward order of flax's naming)
-    sizes = [x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)]
-    return netmodel.threshold_buckets(sizes, nbytes)
-
-  return plan
-
-
-def _delay(value: Any) -> int | str:
-  return int(value) if str(value).lstrip('-').isdigit() else str(value)
-
-
 def _sparsifier(cfg: ml_collections.ConfigDict, where: str) -> compress.Compressor:
   """The compressor of `config.compress`, which must be a sparsifier (for `where`)."""
   sparsifiers = sorted(n for n, c in compress.REGISTRY.items() if c.sparse and n in cfg)
@@ -162,68 +147,64 @@ def _sparsifier(cfg: ml_collections.ConfigDict, where: str) -> compress.Compress
   return build_compressor(cfg)
 
 
+def _compressor(config, workers: runtime.Workers, section: dict, where: str) -> dict[str, Any]:
+  """compressed_allreduce's compressor, and the candidate ratios `config.adaptive` chooses."""
+  compressor = build_compressor(config.compress)
+  section['ratios'] = adaptive.ratios(config, getattr(compressor, 'ratio', None))
+  if config.adaptive == 'adopt':  # it measures the candidate it runs: no extra top-k
+    section['gains'] = 'sent'
+  return {'compressor': compressor}
+
+
+def _hierarchy(config, workers: runtime.Workers, section: dict, where: str) -> dict[str, Any]:
+  """hitopk_allreduce's layout: the devices are the nodes, their simulated workers local."""
+  return {
+    'compressor': _sparsifier(config.compress, where),
+    'node_axis': runtime.DATA,
+    'local_axis': runtime.SIM,
+    'local_size': workers.per_device,
+  }
+
+
+# What a method's row may ask the trainer to supply (`methods.Method.supplies`): each gives
+# factory arguments (and may set section values that depend on the run).
+SUPPLIES: dict[str, Callable[..., dict[str, Any]]] = {
+  'axis_name': lambda config, workers, section, where: {'axis_name': workers.axis_name},
+  'num_workers': lambda config, workers, section, where: {'num_workers': workers.count},
+  'compressor': _compressor,
+  'hierarchy': _hierarchy,
+}
+
+
 def sync_transform(config, workers: runtime.Workers, opt) -> optax.GradientTransformation:
   """The transform `config.sync.method` names, built from its section, with `opt` passed in."""
   method = config.sync.method
-  where = f'sync.{method}'
+  row, where = methods.get(method), f'sync.{method}'
   section = dict(config.sync[method])
-  supplied: dict[str, Any] = {'axis_name': workers.axis_name}
   for key in [k for k in section if k.endswith('optimizer')]:
     section[key] = build_optimizer(section[key], config.steps, f'{where}.{key}')[0]
   if 'averager' in section:
     section['averager'] = _averager(section['averager'], config, workers.axis_name, where)
-  if method == 'compressed_allreduce':
-    supplied['compressor'] = build_compressor(config.compress)
-    section['ratios'] = adaptive.ratios(config, getattr(supplied['compressor'], 'ratio', None))
-    if config.adaptive == 'adopt':  # it measures the candidate it runs: no extra top-k
-      section['gains'] = 'sent'
-  elif method == 'hitopk_allreduce':  # the devices are the nodes, their simulated workers local
-    del supplied['axis_name']
-    supplied.update(
-      compressor=_sparsifier(config.compress, where),
-      node_axis=runtime.DATA,
-      local_axis=runtime.SIM,
-      local_size=workers.per_device,
-    )
-  elif method == 'bucketed_allreduce':
-    section['buckets'] = _bucket_plan(section['buckets'], where)
-  elif method == 'gossip':
-    supplied['num_workers'] = workers.count
-  elif method == 'gradient_delay':
-    section['delay'] = _delay(section['delay'])
-    del supplied['axis_name']
-  make = getattr(sync, method)
+  for key, convert in row.convert.items():
+    section[key] = convert(section[key], where)
+  supplied: dict[str, Any] = {}
+  for name in row.supplies:
+    supplied.update(SUPPLIES[name](config, workers, section, where))
   uneven = config.batching != 'uniform' or str(config.fault.drop).strip()
-  if method == 'allreduce' and uneven:  # uneven batches or dropped workers: weights b_k / G
-    make = sync.weighted_allreduce
-  if config_lib.METHODS[method] == 'in':
-    first = next(iter(inspect.signature(make).parameters))
-    supplied[first] = opt
+  make = row.weighted if row.weighted and uneven else row.make  # weights b_k / G
+  if row.optimizer == 'in':
+    supplied[next(iter(inspect.signature(make).parameters))] = opt
   return call(make, where, section, **supplied)
 
 
 COMPENSATIONS = ('spike_compensation', 'linear_weight_prediction')
 
 
-# methods whose workers apply the same averaged update to one model (per_worker='shared' may
-# read the first worker's weights for all of them)
-SHARED_MODEL = (
-  'allreduce', 'compressed_allreduce', 'powersgd', 'bucketed_allreduce', 'hitopk_allreduce'
-)  # fmt: skip
-
-
-# methods whose update sees the workers' gradients only through their sum (per_worker='mean'
-# may hand each worker its device's mean gradient): the average, and PowerSGD, whose P, Q and
-# approximation are linear in the sum of the error-fed gradients (the workers' residuals then
-# differ, their sum does not)
-MEAN_ONLY = ('allreduce', 'bucketed_allreduce', 'powersgd')
-# ... of which those whose chain may also run once per device, on one model per device
-# (make_train_step(per_worker='device'); tests/test_per_worker.py checks both against 'vmap')
-DEVICE_MODEL = ('allreduce', 'powersgd')
-# methods whose chain per_worker='device' splits (a step_lib.SplitChain): each worker's own
-# gradient through the sync transform, with its per-worker state (error feedback), then the
-# optimizer once per device on the average every worker got back
-DEVICE_SPLIT = ('compressed_allreduce',)
+# make_train_step's per-worker ways each method allows (its row: one_model, mean_only, device)
+SHARED_MODEL = methods.having('one_model')
+MEAN_ONLY = methods.having('mean_only')
+DEVICE_MODEL = methods.having('device', 'model')
+DEVICE_SPLIT = methods.having('device', 'split')
 
 
 def _mean_not_exact(config) -> str:
@@ -231,8 +212,9 @@ def _mean_not_exact(config) -> str:
   s = config.sync
   if s.method not in MEAN_ONLY:
     return f'sync.method={s.method!r} is not one of {MEAN_ONLY}'
-  if s.method == 'bucketed_allreduce' and s.bucketed_allreduce.averager not in ('', 'allreduce'):
-    return f'sync.bucketed_allreduce.averager={s.bucketed_allreduce.averager!r} compresses'
+  averager = s[s.method].get('averager', '')
+  if averager not in ('', 'allreduce'):
+    return f'sync.{s.method}.averager={averager!r} compresses'
   if s.local_clip.max_norm:
     return "sync.local_clip clips each worker's own gradient"
   if config.batching != 'uniform':
@@ -312,12 +294,12 @@ def build_chain(
 ) -> tuple[optax.GradientTransformation | step_lib.SplitChain, Any]:
   """The optax chain of `config.sync.method` around the local optimizer, and its schedule."""
   method = config.sync.method
-  if method not in config_lib.METHODS or method not in config.sync:
-    raise ValueError(f'unknown sync.method {method!r}; choose one of {sorted(config_lib.METHODS)}')
+  row = methods.get(method)
   opt, schedule = build_optimizer(config.optimizer, config.steps)
   fixes = config_lib.names(config.sync.compensation)
-  if fixes and method != 'gradient_delay':
-    raise ValueError(f'config.sync.compensation applies to gradient_delay, not {method!r}')
+  if fixes and not row.compensations:
+    takes = ', '.join(methods.having('compensations'))
+    raise ValueError(f'config.sync.compensation applies to {takes}, not {method!r}')
   if unknown := set(fixes) - set(COMPENSATIONS):
     raise ValueError(f'config.sync.compensation: unknown {sorted(unknown)}; use {COMPENSATIONS}')
   if 'spike_compensation' in fixes:  # it carries the momentum: the optimizer keeps only its rate
@@ -326,10 +308,9 @@ def build_chain(
                        f'it needs optimizer.name sgd, got {config.optimizer.name!r}')  # fmt: skip
     opt = optax.scale_by_learning_rate(schedule)
   tx = sync_transform(config, workers, opt)
-  place = config_lib.METHODS[method]
-  if place == 'after':
+  if row.optimizer == 'after':
     return optax.chain(opt, tx), schedule
-  if place == 'in':
+  if row.optimizer == 'in':
     return tx, schedule
   parts = [tx]
   if config.sync.local_clip.max_norm:
@@ -337,8 +318,8 @@ def build_chain(
       0,
       call(sync.local_clip, 'sync.local_clip', config.sync.local_clip, axis_name=workers.axis_name),
     )
-  if method == 'gradient_delay':  # pipelined backprop: the delay is the pipeline's, not the net's
-    delay = _delay(config.sync.gradient_delay.delay)
+  if row.compensations:  # pipelined backprop: the delay is the pipeline's, not the net's
+    delay = methods.delay(config.sync[method].delay, f'sync.{method}')
     parts.insert(-1, sync.allreduce(axis_name=workers.axis_name))
     if 'spike_compensation' in fixes:  # weight decay enters the momentum, as in optax.sgd
       sc = config.sync.spike_compensation
@@ -416,22 +397,8 @@ def build_cluster(cfg, num_workers: int, straggles: tuple = ()) -> netmodel.Clus
 
 def waiting_rule(config, num_workers: int) -> dict[str, Any]:
   """`WorkerClock` arguments of the method's waiting rule (see `jd.netmodel.cluster`)."""
-  method, s = config.sync.method, config.sync
-  if method in ('local_sgd', 'diloco', 'selsync'):
-    return {'wait': 'periodic'}
-  if method == 'ssp':
-    return {'wait': 'ssp', 'staleness': s.ssp.staleness}
-  if method == 'stale_sync':
-    return {'wait': 'ssp', 'staleness': s.stale_sync.max_delay}
-  if method == 'async_sgd':
-    return {'wait': 'async'}
-  if method == 'gossip':
-    topology, rows = s.gossip.topology, s.gossip.rows
-    return {
-      'wait': 'neighbours',
-      'neighbours': lambda t: sync.mixing_matrix(topology, num_workers, rows, step=t),
-    }
-  return {'wait': 'bsp'}
+  method = config.sync.method
+  return methods.get(method).wait(config.sync[method], num_workers)
 
 
 BATCHING = ('uniform', 'static', 'dynamic', 'stream')

@@ -4,8 +4,8 @@ A function's size is its lines from `def` to its last line, less the lines of
 docstrings (its own and those of functions and classes nested in it); blank
 and comment lines count. Files count every line. `ALLOWED` lists what was
 over the limit when the rule came in, at the size it had: an entry may
-shrink, never grow, and must go once it is back under the limit, so the list
-only empties.
+shrink, never grow (a smaller size is written in), and must go once it is
+back under the limit, so the list only empties.
 """
 
 import ast
@@ -39,11 +39,10 @@ ALLOWED_FILES = {
   'jaxdist/train/trainer.py': 814,
   'jaxdist/train/step.py': 805,
   'jaxdist/sync/compressed.py': 725,
-  'jaxdist/train/factory.py': 718,
+  'jaxdist/train/factory.py': 685,
   'jaxdist/control/adopt.py': 708,
   'jaxdist/control/scavenger.py': 698,
   'jaxdist/compress/sparsify.py': 675,
-  'jaxdist/train/config.py': 506,
 }
 
 
@@ -104,7 +103,15 @@ def over(sizes, limit, allowed):
 
 
 def stale(sizes, limit, allowed):
-  return [f'{key}: {sizes.get(key, 0)} lines' for key in allowed if sizes.get(key, 0) <= limit]
+  """Entries back under the limit (to remove) or smaller than allowed (to lower)."""
+  out = []
+  for key, n in allowed.items():
+    now = sizes.get(key, 0)
+    if now <= limit:
+      out.append(f'{key}: {now} lines: remove it')
+    elif now < n:
+      out.append(f'{key}: {now} lines: lower it from {n}')
+  return out
 
 
 def test_function_lines_counts_code_not_docstrings():
@@ -136,16 +143,15 @@ def test_files():
 )
 def test_allowlist_only_shrinks(sizes, limit, allowed):
   found = stale(sizes(), limit, allowed)
-  assert not found, 'back under the limit (or gone): remove from the allowlist:\n' + '\n'.join(
-    found
-  )
+  assert not found, 'the allowlist only shrinks (tests/lint/test_sizes.py):\n' + '\n'.join(found)
 
 
 def test_the_check_fails_over_the_limit():
   assert over({'a.py:f': 81, 'b.py:g': 80}, 80, {}) == ['a.py:f: 81 lines (limit 80)']
   assert over({'a.py:f': 91}, 80, {'a.py:f': 90}) == ['a.py:f: 91 lines (limit 80, allowed 90)']
   assert over({'a.py:f': 90}, 80, {'a.py:f': 90}) == []
-  assert stale({'a.py:f': 70}, 80, {'a.py:f': 90, 'c.py:h': 100}) == [
-    'a.py:f: 70 lines',
-    'c.py:h: 0 lines',
+  assert stale({'a.py:f': 70, 'b.py:g': 95}, 80, {'a.py:f': 90, 'b.py:g': 99, 'c.py:h': 100}) == [
+    'a.py:f: 70 lines: remove it',
+    'b.py:g: 95 lines: lower it from 99',
+    'c.py:h: 0 lines: remove it',
   ]

@@ -8,7 +8,7 @@ import pytest
 
 from jaxdist import compress, runtime, sync
 from jaxdist.train import config as config_lib
-from jaxdist.train import factory
+from jaxdist.train import factory, methods
 
 from conftest import REPO
 
@@ -25,10 +25,11 @@ def arguments(fn) -> set[str]:
 def test_every_sync_section_key_is_an_argument_of_its_factory():
   sections = config_lib.sync()
   checked = 0
-  for name in [*config_lib.METHODS, *factory.COMPENSATIONS, 'local_clip']:
+  for name in [*methods.METHODS, *factory.COMPENSATIONS, 'local_clip']:
     fn = getattr(sync, name)
     keys = set(sections[name])
-    supplied = SUPPLIED | (FIRST_ARG_OPTIMIZER if config_lib.METHODS.get(name) == 'in' else set())
+    row = methods.METHODS.get(name)
+    supplied = SUPPLIED | (FIRST_ARG_OPTIMIZER if row and row.optimizer == 'in' else set())
     if name in factory.COMPENSATIONS:
       supplied = supplied | {'delay'}  # gradient_delay's
     extra = keys - arguments(fn)
@@ -40,7 +41,7 @@ def test_every_sync_section_key_is_an_argument_of_its_factory():
     } - keys
     assert not missing, f'config.sync.{name} lacks required arguments {sorted(missing)}'
     checked += 1
-  assert checked == len(config_lib.METHODS) + 3
+  assert checked == len(methods.METHODS) + 3
 
 
 def test_every_compressor_section_key_is_a_field_and_every_field_is_reachable():

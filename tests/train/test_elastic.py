@@ -15,7 +15,7 @@ import optax
 import pytest
 
 from jaxdist import compress, runtime, sync
-from jaxdist.train import checkpoint, elastic, factory, metrics
+from jaxdist.train import checkpoint, elastic, factory, methods, metrics
 from jaxdist.train import config as config_lib
 from jaxdist.train import step as step_lib
 from jaxdist.train.step import TrainState
@@ -163,7 +163,7 @@ def test_tick_tock_workers_keep_a_model_of_their_wave():
   out, _ = elastic.reshard(saved, template(tx, params, 6), 'tick_tock')
   np.testing.assert_array_equal(out.params['w'], rows([1], [2], [1], [2], [1], [2]))
   with pytest.raises(elastic.ReshardError, match=r'splits the workers into 2 waves'):
-    elastic.check('tick_tock', 4, 3, waves=2)
+    elastic.check('tick_tock', 4, 3, multiple=2)
 
 
 def test_resharding_is_needed_for_other_workers_or_hierarchical_topk_on_other_nodes():
@@ -190,7 +190,7 @@ def test_resharding_is_needed_for_other_workers_or_hierarchical_topk_on_other_no
   assert not elastic.needed(hitopk, run('hitopk_allreduce', 16, 8))
 
 
-@pytest.mark.parametrize('method', sorted(config_lib.METHODS))
+@pytest.mark.parametrize('method', sorted(methods.METHODS))
 def test_every_method_is_resharded_or_refused_by_name(method):
   config = config_lib.base()
   config.sync.method = method
@@ -198,7 +198,7 @@ def test_every_method_is_resharded_or_refused_by_name(method):
   tx, _ = factory.build_chain(config, runtime.layout(4))
   params = {'Dense_0': {'kernel': np.zeros((3, 2), np.float32), 'bias': rows(0, 0)}}
   saved = worker_state(tx, params, 4)
-  if method in elastic.REFUSED:
+  if methods.METHODS[method].refused:
     with pytest.raises(elastic.ReshardError, match=rf'sync.method={method} cannot be resharded'):
       elastic.reshard(saved, template(tx, params, 2), method)
     return

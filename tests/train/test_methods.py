@@ -1,0 +1,88 @@
+"""The table of sync methods: one row per method, each consistent with its factory and section."""
+
+import inspect
+
+import numpy as np
+import optax
+import pytest
+
+import jaxdist as jd
+from jaxdist import runtime, sync
+from jaxdist.train import config as config_lib
+from jaxdist.train import elastic, factory, methods
+
+RULES = {methods.REPLICATED, methods.MEAN, methods.CYCLIC, methods.RESET, methods.SHARDS, None}
+
+
+def test_every_row_has_a_section_and_every_method_section_a_row():
+  sections = config_lib.sync()
+  assert set(methods.METHODS) <= set(sections)
+  not_methods = {'method', 'compensation', 'local_clip', 'staggered', 'per_worker'}
+  not_methods |= set(factory.COMPENSATIONS)
+  assert set(sections) - not_methods == set(methods.METHODS)
+
+
+@pytest.mark.parametrize('name', sorted(methods.METHODS))
+def test_a_row_names_a_public_factory_and_consistent_rules(name):
+  row = methods.METHODS[name]
+  assert getattr(jd.sync, name) is row.make
+  assert row.optimizer in ('before', 'after', 'in')
+  assert set(row.supplies) <= set(factory.SUPPLIES)
+  params = inspect.signature(row.make).parameters
+  assert set(row.convert) <= set(params), 'convert names arguments of the factory'
+  if row.optimizer == 'in':
+    assert next(iter(params)) in ('optimizer', 'global_optimizer')
+  assert bool(row.model) != bool(row.refused), 'a method is resharded or refused, with a reason'
+  assert row.model in ('', methods.REPLICATED, methods.MEAN, methods.CYCLIC)
+  assert row.device in ('', 'model', 'split')
+  if row.multiple_of:
+    assert row.multiple_of in params
+  for fields in row.states.values():
+    assert set(fields.values()) <= RULES
+
+
+def test_every_state_type_has_one_rule_set():
+  seen = {}
+  for name, row in methods.METHODS.items():
+    for state in row.states:
+      assert state not in seen, f'{state.__name__} in {seen.get(state)} and {name}'
+      seen[state] = name
+  assert methods.state_rules() == elastic.FIELDS
+  for state, fields in elastic.FIELDS.items():
+    assert set(fields) == set(state._fields), state.__name__
+
+
+@pytest.mark.parametrize('name', sorted(methods.METHODS))
+def test_every_row_builds_with_its_section_defaults(name):
+  config = config_lib.base()
+  config.sync.method = name
+  config.steps = 10
+  tx, _ = factory.build_chain(config, runtime.layout(4))
+  assert isinstance(tx, optax.GradientTransformation)
+
+
+def test_waiting_rules_by_hand():
+  assert methods.bsp({}, 4) == {'wait': 'bsp'}
+  assert methods.ssp('staleness')({'staleness': 3}, 4) == {'wait': 'ssp', 'staleness': 3}
+  ring = methods.neighbours({'topology': 'ring', 'rows': None}, 4)['neighbours'](0)
+  np.testing.assert_allclose(ring.sum(axis=1), 1.0)
+  assert [np.count_nonzero(r) for r in ring] == [3, 3, 3, 3]
+
+
+def test_an_unknown_method_is_named_with_the_choices():
+  with pytest.raises(ValueError, match=r"unknown sync.method 'lcoal_sgd'; choose one of \["):
+    methods.get('lcoal_sgd')
+  config = config_lib.base()
+  config.sync.method = 'per_worker'  # a key of config.sync, not a method
+  with pytest.raises(ValueError, match=r'unknown sync\.method'):
+    factory.build_chain(config, runtime.layout(4))
+
+
+def test_the_per_worker_ways_follow_the_rows():
+  assert factory.SHARED_MODEL == (
+    'allreduce', 'compressed_allreduce', 'hitopk_allreduce', 'powersgd', 'bucketed_allreduce'
+  )  # fmt: skip
+  assert factory.MEAN_ONLY == ('allreduce', 'powersgd', 'bucketed_allreduce')
+  assert factory.DEVICE_MODEL == ('allreduce', 'powersgd')
+  assert factory.DEVICE_SPLIT == ('compressed_allreduce',)
+  assert sync.weighted_allreduce is methods.METHODS['allreduce'].weighted
