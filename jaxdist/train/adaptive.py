@@ -1,5 +1,7 @@
 """Host-side controllers that choose each step's compression ratio (`config.adaptive`).
 
+Built from the config by `jaxdist.train.factory.controls`.
+
 `compressed_allreduce(ratios=...)` compiles every candidate ratio and a dense
 all-reduce as branches of one `lax.switch`, takes the branch index as optax's
 extra argument `candidate`, and reports each worker's gain of every candidate
@@ -53,80 +55,7 @@ import numpy as np
 
 from jaxdist import control, netmodel
 from jaxdist.control.gravac import DENSE, choose
-from jaxdist.control.gravac import ratios as kept_fractions
 from jaxdist.train import checkpoint
-from jaxdist.train import config as config_lib
-
-CONTROLLERS = ('none', 'gravac', 'scadles', 'adopt')
-
-
-def ratios(config, compressor_ratio: float | None) -> tuple[float, ...]:
-  """The candidate ratios `compressed_allreduce` compiles for `config.adaptive` (() if none)."""
-  kind = config.adaptive
-  if kind not in CONTROLLERS:
-    raise ValueError(f'config.adaptive must be one of {CONTROLLERS}, got {kind!r}')
-  where = 'sync.compressed_allreduce.ratios'
-  given = config_lib.numbers(config.sync.compressed_allreduce.ratios, where)
-  if kind == 'none':
-    if given:
-      raise ValueError(
-        'config.sync.compressed_allreduce.ratios are chosen per step by a controller: set '
-        "config.adaptive ('gravac', 'scadles' or 'adopt') or leave the ratios empty"
-      )
-    return given
-  if config.sync.method != 'compressed_allreduce':
-    raise ValueError(
-      f'config.adaptive={kind!r} chooses the ratio of sync.method=compressed_allreduce, '
-      f'got {config.sync.method!r}'
-    )
-  if kind == 'gravac':
-    g = config.gravac
-    try:
-      factors = control.candidate_factors(g.theta_min, g.theta_max, g.policy)
-    except ValueError as e:
-      raise ValueError(f'config.gravac: {e}') from e
-    out = kept_fractions(factors)
-    if given and given != out:
-      raise ValueError(
-        f'config.adaptive=gravac compiles the ratios of its factors {factors}: leave '
-        f'config.sync.compressed_allreduce.ratios empty, got {given}'
-      )
-    return out
-  if kind == 'adopt':
-    return _adopt_ratios(config, given)
-  if compressor_ratio is None and not given:
-    raise ValueError(
-      "config.adaptive='scadles' needs a ratio: the compressor's, or "
-      'config.sync.compressed_allreduce.ratios'
-    )
-  if len(given) > 1:
-    raise ValueError(
-      f"config.adaptive='scadles' compresses at one ratio or sends dense: give one ratio in "
-      f'config.sync.compressed_allreduce.ratios, got {given}'
-    )
-  return given or (float(compressor_ratio),)
-
-
-def _adopt_ratios(config, given: tuple[float, ...]) -> tuple[float, ...]:
-  """ADOPT's candidates (the module's `ADOPT_CANDIDATES` unless given), checked."""
-  if config.compress.name != 'topk':
-    raise ValueError(
-      f"config.adaptive='adopt' prices and measures Top-k: set config.compress.name='topk', "
-      f'got {config.compress.name!r}'
-    )
-  if config.sync.compressed_allreduce.collective != 'auto':
-    raise ValueError(
-      "config.adaptive='adopt' chooses the collective too: set "
-      "config.sync.compressed_allreduce.collective='auto', got "
-      f'{config.sync.compressed_allreduce.collective!r}'
-    )
-  out = given or control.ADOPT_CANDIDATES
-  if len(out) < 4 or np.any(np.diff(out) >= 0) or not 0 < out[-1] <= out[0] < 1:
-    raise ValueError(
-      "config.adaptive='adopt' needs at least four candidate ratios in (0, 1), strictly "
-      f'decreasing, in config.sync.compressed_allreduce.ratios; got {out}'
-    )
-  return tuple(out)
 
 
 class RatioControl:
@@ -204,15 +133,17 @@ class GraVACControl(RatioControl):
   θ_min or θ_c (the new CF's gains enter the average its predecessor built).
   """
 
-  def __init__(self, config, ratios, num_workers: int, network: str):
-    g = config.gravac
-    factors = control.candidate_factors(g.theta_min, g.theta_max, g.policy)
-    self.ctl = control.gravac(
-      factors, epsilon=g.epsilon, omega=g.omega, window=g.window, policy=g.policy
-    )
+  def __init__(
+    self, ratios, num_workers: int, network: str, *, theta_min: float, theta_max: float,
+    policy: str, epsilon: float, omega: float, window: int, decay: float, samples: int,
+  ):  # fmt: skip
+    if not 0.0 <= decay < 1.0:
+      raise ValueError(f'decay must be in [0, 1), got {decay}')
+    factors = control.candidate_factors(theta_min, theta_max, policy)
+    self.ctl = control.gravac(factors, epsilon=epsilon, omega=omega, window=window, policy=policy)
     self.state = self.ctl.init()
-    self.epsilon, self.decay, self.network = g.epsilon, g.decay, network
-    self.samples = config.batch_size
+    self.epsilon, self.decay, self.network = epsilon, decay, network
+    self.samples = samples  # the global batch: GraVAC's throughput counts samples
     self.ewma = None  # [3] float64: E mean ‖C_θmin(w)‖², E mean ‖C_θc(w)‖², E mean ‖w‖²
     super().__init__(ratios, num_workers, self.state.min_index)
 
@@ -261,13 +192,12 @@ class GraVACControl(RatioControl):
 class ScaDLESControl(RatioControl):
   """ScaDLES's compress-or-not rule by majority vote (module docstring)."""
 
-  def __init__(self, config, ratios, num_workers: int):
-    s = config.scadles_compression
-    if not 0.0 <= s.delta <= 1.0:
-      raise ValueError(f'config.scadles_compression: delta must be in [0, 1], got {s.delta}')
-    if not 0.0 <= s.decay < 1.0:
-      raise ValueError(f'config.scadles_compression: decay must be in [0, 1), got {s.decay}')
-    self.delta, self.decay = s.delta, s.decay
+  def __init__(self, ratios, num_workers: int, *, delta: float, decay: float):
+    if not 0.0 <= delta <= 1.0:
+      raise ValueError(f'delta must be in [0, 1], got {delta}')
+    if not 0.0 <= decay < 1.0:
+      raise ValueError(f'decay must be in [0, 1), got {decay}')
+    self.delta, self.decay = delta, decay
     self.sums = None  # per worker EWMAs: ‖w‖², ‖Top-k(w)‖²
     super().__init__(ratios, num_workers, len(ratios))
 
@@ -296,18 +226,17 @@ class AdoptControl(RatioControl):
 
   COLLECTIVES = ('allgather', 'allreduce')  # `via`'s indices for Top-k
 
-  def __init__(self, config, ratios, num_workers: int, network, num_params: int):
-    a = config.adopt
-    try:
-      self.ctl = control.adopt(
-        ratios, num_params=num_params, num_workers=num_workers, warmup_steps=a.warmup_steps,
-        explore_steps=a.explore_steps, gain_threshold=a.gain_threshold, window=a.window,
-        smoothing=a.smoothing, weights=config_lib.numbers(a.weights, 'adopt.weights'),
-        seed=a.seed, algorithms=(config.network.algorithm,),
-        leader=config.sync.compressed_allreduce.leader,
-      )  # fmt: skip
-    except ValueError as e:
-      raise ValueError(f'config.adopt: {e}') from e
+  def __init__(
+    self, ratios, num_workers: int, network, *, num_params: int, warmup_steps: int,
+    explore_steps: int, gain_threshold: float, window: int, smoothing: float,
+    weights: tuple[float, ...], seed: int, algorithms: tuple[str, ...], leader: str,
+  ):  # fmt: skip
+    """The arguments after `network` are `jd.control.adopt`'s."""
+    self.ctl = control.adopt(
+      ratios, num_params=num_params, num_workers=num_workers, warmup_steps=warmup_steps,
+      explore_steps=explore_steps, gain_threshold=gain_threshold, window=window,
+      smoothing=smoothing, weights=weights, seed=seed, algorithms=algorithms, leader=leader,
+    )  # fmt: skip
     self.network = network
     self.state = self.ctl.init(netmodel.network_at(network, 0))
     self.via_used: collections.OrderedDict[int, int] = collections.OrderedDict()
@@ -357,29 +286,3 @@ class AdoptControl(RatioControl):
     if saved:
       super().restore(saved)
       self.state = checkpoint.state_from_json(self.state, saved['adopt'])
-
-
-def build(config, num_workers: int, networks, num_params: int = 0) -> RatioControl | None:
-  """The controller `config.adaptive` names (None for 'none')."""
-  kind = config.adaptive
-  if kind == 'none':
-    return None
-  compressor = config.compress[config.compress.name]
-  candidates = ratios(config, compressor.get('ratio'))
-  if kind == 'gravac':
-    if not 0.0 <= config.gravac.decay < 1.0:
-      raise ValueError(f'config.gravac: decay must be in [0, 1), got {config.gravac.decay}')
-    if not networks:
-      raise ValueError(
-        "config.adaptive='gravac' times each factor on the modelled clock: give "
-        'config.network.profiles (e.g. 1gbps)'
-      )
-    return GraVACControl(config, candidates, num_workers, next(iter(networks)))
-  if kind == 'adopt':
-    if not networks:
-      raise ValueError(
-        "config.adaptive='adopt' prices each ratio on the network in force: give "
-        'config.network.profiles (e.g. adopt_c1@50, its varying network)'
-      )
-    return AdoptControl(config, candidates, num_workers, next(iter(networks.values())), num_params)
-  return ScaDLESControl(config, candidates, num_workers)

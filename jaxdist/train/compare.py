@@ -69,7 +69,7 @@ def run(
   }
   for name, config in configs.items():
     if not fresh:
-      trainer.check_resume(config, os.path.join(workdir, name))
+      trainer.check_resume(factory.record(config), os.path.join(workdir, name))
   runs = {}
   for name, config in configs.items():
     print(f'\n=== {name}')

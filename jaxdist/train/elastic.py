@@ -338,9 +338,9 @@ def recorded(exp) -> dict[str, Any]:
   return {
     'workers': w.count,
     'devices': w.devices,
-    'method': exp.config.sync.method,
-    'model': exp.config.model.name,
-    'per_worker': exp.config.sync.per_worker,
+    'method': exp.method,
+    'model': exp.model_name,
+    'per_worker': exp.way_asked,
   }
 
 
@@ -391,11 +391,8 @@ def restore(exp, directory: str, step: int, template: Any, meta: dict[str, Any])
     ReshardError: the method, this run's workers or the checkpoint's host
       controllers cannot be resharded.
   """
-  cfg, workers = exp.config, exp.workers
-  method, saved = cfg.sync.method, int(meta['workers'])
-  row = methods.get(method)
-  multiple = cfg.sync[method][row.multiple_of] if row.multiple_of else 1
-  check(method, saved, workers.count, multiple=multiple)
+  workers, method, saved = exp.workers, exp.method, int(meta['workers'])
+  check(method, saved, workers.count, multiple=exp.reshard_multiple)
   host = [k for k in ('batching', 'adaptive') if meta.get(k)]
   if host:
     raise ReshardError(
@@ -405,7 +402,7 @@ def restore(exp, directory: str, step: int, template: Any, meta: dict[str, Any])
     )
   state, _ = checkpoint.read(directory, step)
   local = None
-  if row.shards:  # a node's sum in shards: the nodes' sizes, saved and now
+  if methods.get(method).shards:  # a node's sum in shards: the nodes' sizes, saved and now
     local = (saved // int(meta['devices']), workers.per_device)
   arrays, report = reshard(state, template, method, local_size=local)
   put = lambda a: jax.make_array_from_callback(a.shape, workers.sharding, lambda i: a[i])

@@ -77,17 +77,15 @@ class Ledger:
     """The ledger of a run (`factory.Experiment`): its workers, networks and algorithm.
 
     The devices are the nodes and each device's simulated workers a node's
-    workers, linked by `config.network.intra` (`config.network.shared_nic`).
+    workers (`exp.hierarchy`: `config.network.intra`, `shared_nic`).
     """
-    cfg, w = exp.config, exp.workers
-    hierarchy = netmodel.Hierarchy(
-      nodes=w.devices,
-      local=w.per_device,
-      intra=netmodel.profile(cfg.network.intra),
-      shared_nic=cfg.network.shared_nic,
-    )
     return cls(
-      transfers, w.count, exp.networks, cfg.network.algorithm, compute_s, hierarchy=hierarchy
+      transfers,
+      exp.workers.count,
+      exp.networks,
+      exp.algorithm,
+      compute_s,
+      hierarchy=exp.hierarchy,
     )
 
   def sync_s(self, step: int) -> float:

@@ -1,7 +1,8 @@
-"""`train_and_evaluate(config, workdir)`: the training loop.
+"""`train_and_evaluate(config, workdir)`, `train(experiment)`: the training loop.
 
-`factory.build` turns the config into objects and checks them before the
-work directory is touched. The loop then resumes from the latest checkpoint
+`factory.build` turns the config into an `Experiment` (objects and typed
+values, no config) and checks it before the work directory is touched;
+`train` runs it. The loop resumes from the latest checkpoint
 if there is one, runs the jitted sharded step, fetches its metrics one step
 late (the host never stalls the device), prices each step's communication
 (`ledger.Ledger`), evaluates and checkpoints every N steps with the clock
@@ -89,7 +90,7 @@ def put_batch(
 def eval_chunks(exp: factory.Experiment) -> list[tuple[jax.Array, ...]]:
   """The test split in device-sharded, padded chunks (x, y, mask)."""
   split, w = exp.dataset.test, exp.workers
-  chunk = -(-min(exp.config.eval_batch_size, len(split)) // w.devices) * w.devices
+  chunk = -(-min(exp.eval_batch_size, len(split)) // w.devices) * w.devices
   sharding = jax.NamedSharding(w.mesh, jax.sharding.PartitionSpec(runtime.DATA))
   chunks = []
   for start in range(0, len(split), chunk):
@@ -150,7 +151,7 @@ def measure_worker_steps(
   init = step_lib.make_init(exp.model, exp.tx, one, exp.dataset.image_shape)
   train_step = step_lib.make_train_step(exp.model, exp.tx, one, counted=counted)
   idx = data.batch_indices(
-    0, seed=exp.config.seed, num_examples=len(exp.dataset.train), batch_size=exp.per_worker
+    0, seed=exp.seed, num_examples=len(exp.dataset.train), batch_size=exp.per_worker
   )
   x = jax.device_put(exp.dataset.normalize(exp.dataset.train.images[idx])[None], one.sharding)
   y = jax.device_put(exp.dataset.train.labels[idx][None], one.sharding)
@@ -163,7 +164,7 @@ def measure_worker_steps(
       if candidate is not None:
         args['candidate'] = np.full_like(args['candidate'], candidate)
       tx_args = {k: jax.device_put(v[:1], one.sharding) for k, v in args.items()}
-    box = [init(jax.random.key(exp.config.seed))]
+    box = [init(jax.random.key(exp.seed))]
 
     def run():
       box[0], metrics = train_step(box[0], x, y, *counts, **tx_args)
@@ -180,16 +181,16 @@ def candidate_step_s(exp: factory.Experiment, meta: dict[str, Any]) -> list[floa
   A worker's step costs what its compressor costs: a 10× Top-k's selection
   is slower than a 1000×'s. The modelled clock charges each step the
   measured step of the candidate it ran. Measured once, like `worker_step_s`;
-  with `config.network.compute_s` given, that for every candidate.
+  with a compute term given (`exp.compute_s`), that for every candidate.
   """
   ctl = exp.ratio_control
   if ctl is None:
     return []
   if meta.get('compute_s_candidates'):
     return [float(v) for v in meta['compute_s_candidates']]
-  if exp.config.network.compute_s:
-    return [float(exp.config.network.compute_s)] * (ctl.dense + 1)
-  budget_s = exp.config.network.compute_budget_s / 4
+  if exp.compute_s:
+    return [exp.compute_s] * (ctl.dense + 1)
+  budget_s = exp.compute_budget_s / 4
   out = measure_worker_steps(exp, range(ctl.dense + 1), budget_s=budget_s)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
@@ -204,14 +205,14 @@ def worker_step_s(exp: factory.Experiment, meta: dict[str, Any]) -> float:
   A resumed run reuses the measurement its checkpoint recorded, and with
   several processes process 0's measurement is everyone's, so host-side
   decisions that read the modelled clock (streams, GraVAC) agree across
-  processes and across a crash. `config.network.compute_s`, where given,
-  stands in for the measurement.
+  processes and across a crash. A compute term given (`exp.compute_s`,
+  `config.network.compute_s`) stands in for the measurement.
   """
   if meta.get('compute_s'):
     return float(meta['compute_s'])
-  if exp.config.network.compute_s:  # given: no measurement
-    return float(exp.config.network.compute_s)
-  compute_s = measure_worker_step(exp, budget_s=exp.config.network.compute_budget_s)
+  if exp.compute_s:  # given: no measurement
+    return exp.compute_s
+  compute_s = measure_worker_step(exp, budget_s=exp.compute_budget_s)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
 
@@ -239,7 +240,7 @@ class Batches:
     if exp.streaming:
       self.state = self.ctl.init(exp.workers.count)
     elif self.ctl is not None:
-      speeds = exp.cluster.speeds if exp.config.batching == 'static' else None
+      speeds = exp.cluster.speeds if exp.batching_mode == 'static' else None
       self.state = self.ctl.init(exp.workers.count, speeds)
 
   @property
@@ -261,9 +262,9 @@ class Batches:
   @property
   def scale(self) -> float | None:
     """ScaDLES's learning-rate scale Σb / B of this step ('stream' batches), else None."""
-    if self.exp.config.batching != 'stream':
+    if self.exp.batching_mode != 'stream':
       return None
-    return control.lr_scale(self.state.batches, self.exp.config.batch_size)
+    return control.lr_scale(self.state.batches, self.exp.batch_size)
 
   def observe(self, t: int) -> dict[str, Any]:
     """Step t's batches, modelled compute times (and waits); the controller takes the times."""
@@ -281,7 +282,7 @@ class Batches:
     if self.exp.streaming:
       record.update(wait_s=self.state.wait_s.tolist(), queue=self.state.queue.tolist())
       self.state = self.ctl.update(self.state, float(times.max()) + self.comm_s(t))
-    elif self.exp.config.batching == 'dynamic':
+    elif self.exp.batching_mode == 'dynamic':
       self.state = self.ctl.update(self.state, times)
     return record
 
@@ -304,7 +305,7 @@ class Batches:
 
 
 class Noise:
-  """Scavenger's gradient-noise indicator γ, measured every `config.noise_every` steps.
+  """Scavenger's gradient-noise indicator γ, measured every `exp.noise_every` steps.
 
   `jd.train.step.make_noise_step` computes mean_k ‖g_k‖² and ‖ḡ‖² on the
   step's batch at the workers' current parameters, beside training; a host
@@ -312,14 +313,13 @@ class Noise:
   """
 
   def __init__(self, exp: factory.Experiment):
-    cfg = exp.config
-    self.exp, self.every = exp, cfg.noise_every
-    self.meter = control.noise_meter(cfg.noise_decay)
+    self.exp, self.every = exp, exp.noise_every
+    self.meter = control.noise_meter(exp.noise_decay)
     self.state = self.meter.init()
     self.step = None
     if self.every:
       self.step = step_lib.make_noise_step(
-        exp.model, exp.workers, counted=exp.counted, per_worker=cfg.sync.per_worker
+        exp.model, exp.workers, counted=exp.counted, per_worker=exp.way_asked
       )
 
   def measure(self, t: int, state, batch: tuple[jax.Array, ...], clock: Clock) -> dict[str, float]:
@@ -570,15 +570,15 @@ def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, A
   """
   start = ckpt.latest_step() or 0
   if not start:
-    return init(jax.random.key(exp.config.seed)), 0, {}
+    return init(jax.random.key(exp.seed)), 0, {}
   where = f'cannot resume from the checkpoint at step {start} in {exp.workdir}'
   saved = checkpoint.read_meta(ckpt.directory, start)
   try:
     elastic.check_same_run(saved, exp)
     if elastic.needed(saved, exp):
       state, meta, done = elastic.restore(exp, ckpt.directory, start, state_shape, saved)
-      logging.info('resumed from step %d, resharded %s (%s): %s', start, done,
-                   exp.config.sync.method, elastic.describe(exp.config.sync.method))  # fmt: skip
+      logging.info('resumed from step %d, resharded %s (%s): %s', start, done, exp.method,
+                   elastic.describe(exp.method))  # fmt: skip
       return state, start, meta
   except elastic.ReshardError as e:
     raise ConfigError(f'{where}: {e}') from e
@@ -593,11 +593,6 @@ def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, A
     ) from e
   logging.info('resumed from step %d (%s)', start, {k: v for k, v in meta.items() if k != 'config'})
   return state, start, meta
-
-
-def config_json(config) -> dict[str, Any]:
-  """`config` as the JSON a checkpoint's metadata and `config.json` keep."""
-  return json.loads(config.to_json_best_effort())
 
 
 def config_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -649,8 +644,9 @@ def resume_problem(saved: dict[str, Any] | None, now: dict[str, Any], step: int,
   return None
 
 
-def check_resume(config, workdir: str) -> None:
-  """Raises ConfigError unless the run in `workdir`, if any, may go on with `config`.
+def check_resume(record: dict[str, Any], workdir: str) -> None:
+  """Raises ConfigError unless the run in `workdir`, if any, may go on with the config
+  `record` (as JSON: `factory.record(config)`, `Experiment.record`).
 
   The checkpoint's metadata holds the config that wrote it (`config.json` in
   `workdir` for checkpoints that do not); `resume_problem` says what may
@@ -665,7 +661,7 @@ def check_resume(config, workdir: str) -> None:
   if saved is None and os.path.isfile(os.path.join(workdir, CONFIG_FILE)):
     with open(os.path.join(workdir, CONFIG_FILE)) as f:
       saved = json.load(f)
-  problem = resume_problem(saved, config_json(config), step, meta.get('workers'))
+  problem = resume_problem(saved, dict(record), step, meta.get('workers'))
   if problem:
     where = f'cannot resume from the checkpoint at step {step} in {os.path.abspath(workdir)}'
     raise ConfigError(f'{where}: {problem}; {START_AFRESH}')
@@ -691,7 +687,7 @@ def open_workdir(exp: factory.Experiment, fresh: bool) -> None:
 
       multihost_utils.sync_global_devices('jaxdist: fresh workdir')
   else:
-    check_resume(exp.config, exp.workdir)
+    check_resume(exp.record, exp.workdir)
   os.makedirs(exp.workdir, exist_ok=True)
 
 
@@ -706,25 +702,28 @@ def train_and_evaluate(config, workdir: str, *, fresh: bool = False) -> dict[str
     ConfigError: a bad config or work directory, or a checkpoint that may not
       resume with `config`, before anything is written.
   """
-  exp = factory.build(config, os.path.abspath(workdir))  # orbax takes absolute paths only
-  cfg, workers, lead = exp.config, exp.workers, jax.process_index() == 0
+  return train(factory.build(config, os.path.abspath(workdir)), fresh=fresh)
+
+
+def train(exp: factory.Experiment, *, fresh: bool = False) -> dict[str, Any]:
+  """Trains and evaluates the run `exp` (`factory.build`) in `exp.workdir`; the summary."""
+  workers, lead = exp.workers, jax.process_index() == 0
   open_workdir(exp, fresh)
   logging.info('%s', exp)
-  way = factory.per_worker(cfg, workers.per_device, workers.mesh.devices.flat[0].platform)
-  init = step_lib.make_init(exp.model, exp.tx, workers, exp.dataset.image_shape, way)
+  init = step_lib.make_init(exp.model, exp.tx, workers, exp.dataset.image_shape, exp.way)
   train_step = step_lib.make_train_step(
-    exp.model, exp.tx, workers, staggered=cfg.sync.staggered, counted=exp.counted, per_worker=way
+    exp.model, exp.tx, workers, staggered=exp.staggered, counted=exp.counted, per_worker=exp.way
   )
   eval_step = step_lib.make_eval_step(exp.model, workers)
-  state_shape = jax.eval_shape(init, jax.random.key(cfg.seed))
-  ckpt = checkpoint.Checkpointer(os.path.join(exp.workdir, CHECKPOINTS), keep=cfg.keep_checkpoints)
+  state_shape = jax.eval_shape(init, jax.random.key(exp.seed))
+  ckpt = checkpoint.Checkpointer(os.path.join(exp.workdir, CHECKPOINTS), keep=exp.keep_checkpoints)
   state, start, meta = restore_or_init(exp, ckpt, init, state_shape)
   if lead:  # the config this run goes on with
-    metrics.write_atomic(os.path.join(exp.workdir, CONFIG_FILE), cfg.to_json_best_effort(indent=2))
+    metrics.write_atomic(os.path.join(exp.workdir, CONFIG_FILE), json.dumps(exp.record, indent=2))
 
   compute_s = worker_step_s(exp, meta)  # the compute term of the modelled clock
   prices = ledger.Ledger.of(exp, comm.find_transfers(state_shape.opt_state), compute_s)
-  bar = report.progress(cfg.steps, start, enabled=lead and cfg.progress)
+  bar = report.progress(exp.steps, start, enabled=lead and exp.progress)
   chunks, clock, last_eval, wall0 = eval_chunks(exp), Clock(), {}, time.time()
   host = HostSide(exp, compute_s, prices, clock)
   host.candidate_s = candidate_step_s(exp, meta)
@@ -733,9 +732,9 @@ def train_and_evaluate(config, workdir: str, *, fresh: bool = False) -> dict[str
   log = StepLog(
     writer, prices, exp.schedule, on_write=bar.show, read=host.read, compute_at=host.compute_at
   )
-  hooks = [kill_at_step(cfg.fault.kill_at_step)]
+  hooks = [kill_at_step(exp.kill_at_step)]
   evaluate_due = save_due = False  # held back while an exploration runs
-  for t in range(start, cfg.steps):
+  for t in range(start, exp.steps):
     if host.synchronous:  # a controller decides this step from the last one's metrics
       log.flush()
     state = host.prepare(state)
@@ -747,10 +746,10 @@ def train_and_evaluate(config, workdir: str, *, fresh: bool = False) -> dict[str
     clock.step(m)
     done = t + 1
     with clock.paused():
-      if done == cfg.steps:
+      if done == exp.steps:
         state = host.finish(state)
-      evaluate_due = evaluate_due or done % cfg.eval_every == 0 or done == cfg.steps
-      save_due = save_due or done % cfg.checkpoint_every == 0 or done == cfg.steps
+      evaluate_due = evaluate_due or done % exp.eval_every == 0 or done == exp.steps
+      save_due = save_due or done % exp.checkpoint_every == 0 or done == exp.steps
       if evaluate_due and not host.exploring:
         evaluate_due = False
         last_eval = evaluate(eval_step, state, chunks)
@@ -759,7 +758,7 @@ def train_and_evaluate(config, workdir: str, *, fresh: bool = False) -> dict[str
         save_due = False
         log.flush()
         log.writer.flush()  # the log reaches the checkpoint's step before the checkpoint commits
-        saved = {'step': done, 'seed': cfg.seed, 'config': config_json(cfg),
+        saved = {'step': done, 'seed': exp.seed, 'config': dict(exp.record),
                  'compute_s': compute_s, 'compute_s_candidates': host.candidate_s,
                  **elastic.recorded(exp), **host.to_json()}  # fmt: skip
         ckpt.save(done, state, saved)
@@ -774,10 +773,10 @@ def train_and_evaluate(config, workdir: str, *, fresh: bool = False) -> dict[str
 
   records = metrics.read_jsonl(log.writer.path) if lead else []
   summary = {
-    'dataset': cfg.dataset.name, 'model': cfg.model.name, 'sync': cfg.sync.method,
-    'workers': workers.count, 'steps': cfg.steps, 'steps_this_run': cfg.steps - start,
+    'dataset': exp.dataset_name, 'model': exp.model_name, 'sync': exp.method,
+    'workers': workers.count, 'steps': exp.steps, 'steps_this_run': exp.steps - start,
     'test_accuracy': last_eval.get('test_accuracy'), 'test_loss': last_eval.get('test_loss'),
-    'samples_per_s': clock.steps * cfg.batch_size / clock.seconds() if clock.steps else None,
+    'samples_per_s': clock.steps * exp.batch_size / clock.seconds() if clock.steps else None,
     'wall_s': time.time() - wall0,
     **ledger.summarize(records, list(exp.networks), compute_s, exp.clock),
     **host.summary(),
@@ -789,9 +788,8 @@ def train_and_evaluate(config, workdir: str, *, fresh: bool = False) -> dict[str
 
 def _report(exp: factory.Experiment, summary: dict[str, Any], records, metrics_path: str) -> None:
   """summary.json, the curves' PNG and the table on the console."""
-  cfg = exp.config
   metrics.write_atomic(os.path.join(exp.workdir, SUMMARY_FILE), json.dumps(summary, indent=2))
-  title = f'{cfg.model.name} on {cfg.dataset.name}, {exp.workers.count} workers, {cfg.sync.method}'
+  title = f'{exp.model_name} on {exp.dataset_name}, {exp.workers.count} workers, {exp.method}'
   plot = os.path.join(exp.workdir, PLOT_FILE)
   report.save(report.plot_curves(records, title), plot)
   if any('batches' in r for r in records):

@@ -383,15 +383,15 @@ def test_a_state_of_another_grid_is_refused():
 
 
 def _trainer_control(policy, window=2, decay=0.9, workers=2):
-  from jaxdist.train import adaptive
   from jaxdist.train import config as config_lib
+  from jaxdist.train.factory import controls
 
   config = config_lib.base()
   config.sync.method, config.adaptive = 'compressed_allreduce', 'gravac'
   theta_max = 2000.0 if policy == 'geometric' else 1000.0
   config.gravac.update(policy=policy, theta_min=10.0, theta_max=theta_max, window=window,
                        decay=decay, epsilon=0.7, omega=0.01)  # fmt: skip
-  return adaptive.GraVACControl(config, adaptive.ratios(config, None), workers, '1gbps')
+  return controls.build(config, workers, {'1gbps': None})
 
 
 def _observe(ctl, t, step_s, sq_norm, gains_by_index):

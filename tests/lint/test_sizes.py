@@ -36,10 +36,9 @@ ALLOWED_FUNCTIONS = {
   'jaxdist/sync/compressed.py:update_fn': 90,
 }
 ALLOWED_FILES = {
-  'jaxdist/train/trainer.py': 814,
+  'jaxdist/train/trainer.py': 812,
   'jaxdist/train/step.py': 805,
   'jaxdist/sync/compressed.py': 725,
-  'jaxdist/train/factory.py': 685,
   'jaxdist/control/adopt.py': 708,
   'jaxdist/control/scavenger.py': 698,
   'jaxdist/compress/sparsify.py': 675,

@@ -127,11 +127,12 @@ def adopt_config():
 
 
 def test_the_controller_feeds_adopt_the_unsquared_gain_on_the_network_that_ran():
-  from jaxdist.train import adaptive
+  from jaxdist.train.factory import controls
 
   config = adopt_config()
   schedule = netmodel.adopt_c1(1)  # a new network every step
-  ctl = adaptive.AdoptControl(config, jd_candidates(), 2, schedule, num_params=150_000)
+  ctl = controls.build(config, 2, {'adopt_c1@1': schedule}, num_params=150_000)
+  assert ctl.ratios == jd_candidates()
   assert ctl.index == 0 and ctl.action() is None
   args = ctl.tx_args(0)
   assert args['candidate'].tolist() == [0, 0] and args['via'].tolist() == [ctl.via] * 2
@@ -149,7 +150,7 @@ def test_the_controller_feeds_adopt_the_unsquared_gain_on_the_network_that_ran()
   assert ctl.state.explore_gains == (pytest.approx(0.65),)  # mean(0.5, 0.8)
   assert ctl.exploring and ctl.action() is None  # explores c0 for a second step
   saved = json.loads(json.dumps(ctl.to_json()))
-  back = adaptive.AdoptControl(config, jd_candidates(), 2, schedule, num_params=150_000)
+  back = controls.build(config, 2, {'adopt_c1@1': schedule}, num_params=150_000)
   back.restore(saved)
   assert json.dumps(back.to_json()) == json.dumps(ctl.to_json())
   assert back.state == ctl.state or all(

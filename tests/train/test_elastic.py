@@ -172,7 +172,12 @@ def test_resharding_is_needed_for_other_workers_or_hierarchical_topk_on_other_no
   def run(method, workers, devices):
     config = config_lib.base()
     config.sync.method = method
-    return SimpleNamespace(config=config, workers=runtime.layout(workers, devices=devices))
+    return SimpleNamespace(
+      method=method,
+      model_name=config.model.name,
+      way_asked=config.sync.per_worker,
+      workers=runtime.layout(workers, devices=devices),
+    )
 
   meta = elastic.recorded(run('allreduce', 16, 8))
   assert meta == {

@@ -251,7 +251,12 @@ def test_the_devices_are_the_nodes_and_their_simulated_workers_the_local_ones():
   state = jax.eval_shape(tx.init, {'w': jax.ShapeDtypeStruct((8000,), jnp.float32)})
   (rs, ag), (rail,) = state[0].intra, state[0].inter
   assert (rs.nbytes, ag.nbytes, rail.nbytes) == (4 * 8000, 4 * 1000, 8 * 10)  # 8 shards of 1000
-  exp = types.SimpleNamespace(config=config, workers=workers, networks={'10gbps': NIC})
+  exp = types.SimpleNamespace(
+    workers=workers,
+    networks={'10gbps': NIC},
+    algorithm=config.network.algorithm,
+    hierarchy=factory.hierarchy(config, workers),
+  )
   book = ledger.Ledger.of(exp, [rs, ag, rail], compute_s=0.0)
   assert book.hierarchy == netmodel.Hierarchy(nodes=2, local=8, intra=INTRA_NET, shared_nic=True)
   assert book.n == 16

@@ -12,7 +12,7 @@ from conftest import REPO
 
 def digits(**overrides):
   config = factory.load_config(f'{REPO}/configs/digits.py:runlocal', **overrides)
-  return trainer.config_json(config)
+  return factory.record(config)
 
 
 SAVED = digits()  # 8 workers, 20 steps
@@ -76,15 +76,16 @@ def test_check_resume_reads_the_config_json_of_a_checkpoint_that_does_not_record
   before = sorted(p.name for p in tmp_path.rglob('*'))
   config = factory.load_config(f'{REPO}/configs/digits.py:runlocal', **{'model.name': 'mlp'})
   with pytest.raises(factory.ConfigError) as e:
-    trainer.check_resume(config, str(tmp_path))
+    trainer.check_resume(factory.record(config), str(tmp_path))
   assert str(e.value) == (
     f'cannot resume from the checkpoint at step 20 in {tmp_path}: its config differs in 1 '
     'key(s): model.name "cnn" → "mlp"; resume with the config that wrote it, or start afresh '
     'with --fresh (fresh=True in Python), which deletes that run, or in a new --workdir'
   )
   assert sorted(p.name for p in tmp_path.rglob('*')) == before
-  trainer.check_resume(factory.load_config(f'{REPO}/configs/digits.py:runlocal'), str(tmp_path))
-  trainer.check_resume(config, str(tmp_path / 'nothing_here'))  # a new run
+  runlocal = factory.load_config(f'{REPO}/configs/digits.py:runlocal')
+  trainer.check_resume(factory.record(runlocal), str(tmp_path))
+  trainer.check_resume(factory.record(config), str(tmp_path / 'nothing_here'))  # a new run
 
 
 def test_clear_run_removes_what_a_run_wrote_and_nothing_else(tmp_path):

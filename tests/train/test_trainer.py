@@ -397,7 +397,7 @@ def test_scadles_rule_by_hand():
 
   config = config_lib.base()
   config.scadles_compression.update(delta=0.3, decay=0.5)
-  ctl = adaptive.ScaDLESControl(config, (0.1,), num_workers=3)
+  ctl = adaptive.ScaDLESControl((0.1,), num_workers=3, delta=0.3, decay=0.5)
   assert ctl.index == 1  # starts dense
   norms = np.array([[1.0, 0.0], [2.0, 0.0], [1.0, 0.0]])
   # signals |‖w‖² − ‖Top-k(w)‖²| / ‖w‖² = 0.2, 0.4, 0.25: two of three vote to compress
@@ -480,13 +480,14 @@ def test_ratio_controllers_round_trip_through_checkpoint_json():
   import json
 
   from jaxdist.train import adaptive
+  from jaxdist.train.factory import controls
 
   config = config_lib.base()
   config.gravac.window = 2
   rng = np.random.default_rng(0)
   for make in (
-    lambda: adaptive.GraVACControl(config, adaptive.ratios(_gravac(config), None), 4, '1gbps'),
-    lambda: adaptive.ScaDLESControl(config, (0.1,), 4),
+    lambda: controls.build(_gravac(config), 4, {'1gbps': None}),
+    lambda: adaptive.ScaDLESControl((0.1,), 4, delta=0.3, decay=0.9),
   ):
     ctl = make()
     for t in range(5):
