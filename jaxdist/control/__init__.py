@@ -22,6 +22,11 @@ module, e.g. `from jaxdist.control.adopt import solve`.)
 compiled grid (`candidate_factors`), scaled up every window while the gains
 allow, θ_min raised when they agree, stopped where compression throughput
 levels off. (Its helpers: `from jaxdist.control.gravac import choose, ratios`.)
+
+`scadles_compression` (ScaDLES, §IV-D): compress or send dense, by the
+workers' vote on their smoothed compression gains.
+
+`ewma`: the moving average all of them smooth with.
 """
 
 from jaxdist.control import scavenger
@@ -33,7 +38,9 @@ from jaxdist.control.dynamic_batching import (
   allocate,
   dynamic_batching,
 )
+from jaxdist.control.ewma import ewma
 from jaxdist.control.gravac import GraVAC, GraVACState, candidate_factors, gravac
+from jaxdist.control.scadles import ScaDLES, ScaDLESState, scadles_compression
 from jaxdist.control.scavenger import NoiseMeter, NoiseMeterState, noise_meter
 from jaxdist.control.streams import (
   RATE_SETS,
@@ -57,6 +64,8 @@ __all__ = [
   'GraVACState',
   'NoiseMeter',
   'NoiseMeterState',
+  'ScaDLES',
+  'ScaDLESState',
   'StreamState',
   'Streams',
   'adopt',
@@ -64,9 +73,11 @@ __all__ = [
   'buffer_report',
   'candidate_factors',
   'dynamic_batching',
+  'ewma',
   'gravac',
   'lr_scale',
   'noise_meter',
+  'scadles_compression',
   'scavenger',
   'stream_rates',
   'streams',

@@ -48,6 +48,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxdist.control.ewma import ewma
+
 
 def _bounds(global_batch: int, num_workers: int | None, b_min: int, b_max: int | None) -> int:
   """Checks the bounds (against G and K, given K); returns b_max (default G)."""
@@ -203,7 +205,7 @@ def dynamic_batching(
       )
     if not np.all(np.isfinite(t)) or t.min() <= 0:
       raise ValueError(f'times must all be finite and > 0 seconds, got {t.tolist()}')
-    mean = np.where(np.isnan(state.mean_s), t, decay * state.mean_s + (1 - decay) * t)
+    mean = ewma(state.mean_s, t, decay)
     observed = state.observed + 1
     if observed < interval:
       return state._replace(mean_s=mean, observed=observed)

@@ -85,6 +85,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxdist.control.ewma import ewma
+
 SECONDS_PER_HOUR = 3600.0
 OBJECTIVES = ('time', 'cost', 'knee')
 
@@ -168,11 +170,10 @@ def noise_meter(decay: float = 0.9) -> NoiseMeter:
     for name, v in (('worker_sq', worker_sq), ('mean_sq', mean_sq)):
       if not (math.isfinite(v) and v >= 0):
         raise ValueError(f'{name} must be finite and >= 0, got {v}')
-    if state.count == 0:
-      return NoiseMeterState(worker_sq, mean_sq, 1)
+    first = state.count == 0  # nothing to smooth with yet
     return NoiseMeterState(
-      decay * state.worker_sq + (1 - decay) * worker_sq,
-      decay * state.mean_sq + (1 - decay) * mean_sq,
+      ewma(None if first else state.worker_sq, worker_sq, decay),
+      ewma(None if first else state.mean_sq, mean_sq, decay),
       state.count + 1,
     )
 

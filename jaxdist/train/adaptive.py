@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from jaxdist import control, netmodel
+from jaxdist.control.ewma import ewma
 from jaxdist.control.gravac import DENSE, choose
 from jaxdist.train import checkpoint
 
@@ -162,7 +163,7 @@ class GraVACControl(RatioControl):
     total = norms[:, 0].astype(np.float64)  # float64, as a checkpoint restores it
     kept = (gains * total[:, None]).mean(0)  # per candidate: the workers' mean ‖C_r(w)‖²
     new = np.array([kept[s.min_index], kept[s.cand_index], total.mean()])
-    self.ewma = new if self.ewma is None else self.decay * self.ewma + (1 - self.decay) * new
+    self.ewma = ewma(self.ewma, new, self.decay)
     gain_min, gain_cand = self.gains
     self.state = self.ctl.update(
       s, gain_min=gain_min, gain_cand=gain_cand, sent=sent,
@@ -190,35 +191,27 @@ class GraVACControl(RatioControl):
 
 
 class ScaDLESControl(RatioControl):
-  """ScaDLES's compress-or-not rule by majority vote (module docstring)."""
+  """ScaDLES's compress-or-not rule (`jd.control.scadles_compression`): Top-k or dense."""
 
   def __init__(self, ratios, num_workers: int, *, delta: float, decay: float):
-    if not 0.0 <= delta <= 1.0:
-      raise ValueError(f'delta must be in [0, 1], got {delta}')
-    if not 0.0 <= decay < 1.0:
-      raise ValueError(f'decay must be in [0, 1), got {decay}')
-    self.delta, self.decay = delta, decay
-    self.sums = None  # per worker EWMAs: ‖w‖², ‖Top-k(w)‖²
+    self.rule = control.scadles_compression(num_workers, delta=delta, decay=decay)
+    self.state = self.rule.init()
     super().__init__(ratios, num_workers, len(ratios))
 
   def decide(self, record, norms, gains, used) -> None:
     del record, used
-    total = norms[:, 0].astype(np.float64)  # float64, as a checkpoint restores it
-    new = np.stack([total, gains[:, 0] * total], axis=1)
-    self.sums = new if self.sums is None else self.decay * self.sums + (1 - self.decay) * new
-    total, kept = self.sums[:, 0], self.sums[:, 1]
-    signal = np.abs(total - kept) / np.maximum(total, 1e-30)
-    votes = int(np.sum(signal <= self.delta))
-    self.index = 0 if votes > self.k / 2 else self.dense
+    self.state, compress = self.rule.update(self.state, norms[:, 0], gains[:, 0])
+    self.index = 0 if compress else self.dense
 
   def to_json(self) -> dict[str, Any]:
-    sums = None if self.sums is None else self.sums.tolist()
-    return {**super().to_json(), 'sums': sums}
+    sums = self.state.sums
+    return {**super().to_json(), 'sums': None if np.isnan(sums).all() else sums.tolist()}
 
   def restore(self, saved: dict[str, Any]) -> None:
     if saved:
       super().restore(saved)
-      self.sums = None if saved['sums'] is None else np.asarray(saved['sums'])
+      if saved['sums'] is not None:
+        self.state = control.ScaDLESState(np.asarray(saved['sums'], np.float64))
 
 
 class AdoptControl(RatioControl):

@@ -395,8 +395,6 @@ def test_a_controller_pinned_to_one_candidate_is_the_fixed_ratio_run(
 def test_scadles_rule_by_hand():
   from jaxdist.train import adaptive
 
-  config = config_lib.base()
-  config.scadles_compression.update(delta=0.3, decay=0.5)
   ctl = adaptive.ScaDLESControl((0.1,), num_workers=3, delta=0.3, decay=0.5)
   assert ctl.index == 1  # starts dense
   norms = np.array([[1.0, 0.0], [2.0, 0.0], [1.0, 0.0]])
@@ -405,7 +403,7 @@ def test_scadles_rule_by_hand():
   assert ctl.index == 0
   # EWMAs with decay 0.5: worker 0 → (1, 0.4) (signal 0.6), 1 → (2, 1.2) (0.4), 2 → (1, 0.475)
   ctl.decide({}, norms, np.array([[0.0], [0.6], [0.2]]), used=0)
-  np.testing.assert_allclose(ctl.sums[:, 1], [0.4, 1.2, 0.475])
+  np.testing.assert_allclose(ctl.state.sums[:, 1], [0.4, 1.2, 0.475])
   assert ctl.index == 1  # no worker votes to compress: dense
 
 
