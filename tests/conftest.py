@@ -134,3 +134,36 @@ def load_experiment(name: str):
     for flag in set(flags.FLAGS) - before:
       delattr(flags.FLAGS, flag)
   return module
+
+
+class Driven:
+  """A host controller (`jd.control.host.Controller`) driven step by step as the trainer
+  drives it: plan step t, then observe its record with the given fields and fetched metrics."""
+
+  def __init__(self, controller):
+    self.controller, self.state, self.plans = controller, controller.init(), {}
+
+  def step(self, t, fields, fetched):
+    """Plans step t (0-based) and observes it; the fields the controller adds."""
+    from jaxdist import control
+
+    plan = self.plans[t + 1] = self.controller.plan(self.state, t)
+    record = control.Record(t + 1, plan, {'step': t + 1, **fields}, fetched)
+    self.state, out = self.controller.observe(self.state, record)
+    return out
+
+  @property
+  def index(self):
+    return self.state.index
+
+  def candidate_of(self, step):
+    return int(self.plans[step].tx_args['candidate'][0])
+
+  def saved(self):
+    """The state as a checkpoint keeps it (through JSON) and reads it back."""
+    import json
+
+    from jaxdist import control
+
+    tree = json.loads(json.dumps(control.host.to_tree(self.state), allow_nan=False))
+    return control.host.from_tree(self.controller.init(), tree)

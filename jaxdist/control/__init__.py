@@ -27,11 +27,18 @@ levels off. (Its helpers: `from jaxdist.control.gravac import choose, ratios`.)
 workers' vote on their smoothed compression gains.
 
 `ewma`: the moving average all of them smooth with.
+
+The trainer runs them through one interface, `host.Controller` (`init`,
+`plan(state, t) -> Plan`, `observe(state, record)`): `batches` (per-worker
+batches: static, dynamic, streamed, dropped workers), and `gravac_control`,
+`scadles_control` and `adopt_control` (`ratio`: the compression ratio of
+each step), combined by `chain`.
 """
 
-from jaxdist.control import scavenger
+from jaxdist.control import host, scavenger
 from jaxdist.control.adopt import ADOPT, AdoptState, adopt
 from jaxdist.control.adopt import CANDIDATES as ADOPT_CANDIDATES
+from jaxdist.control.batching import batches
 from jaxdist.control.dynamic_batching import (
   DynamicBatching,
   DynamicBatchingState,
@@ -40,6 +47,8 @@ from jaxdist.control.dynamic_batching import (
 )
 from jaxdist.control.ewma import ewma
 from jaxdist.control.gravac import GraVAC, GraVACState, candidate_factors, gravac
+from jaxdist.control.host import Controller, Plan, Record, chain
+from jaxdist.control.ratio import RatioState, adopt_control, gravac_control, scadles_control
 from jaxdist.control.scadles import ScaDLES, ScaDLESState, scadles_compression
 from jaxdist.control.scavenger import NoiseMeter, NoiseMeterState, noise_meter
 from jaxdist.control.streams import (
@@ -58,26 +67,36 @@ __all__ = [
   'ADOPT_CANDIDATES',
   'RATE_SETS',
   'AdoptState',
+  'Controller',
   'DynamicBatching',
   'DynamicBatchingState',
   'GraVAC',
   'GraVACState',
   'NoiseMeter',
   'NoiseMeterState',
+  'Plan',
+  'RatioState',
+  'Record',
   'ScaDLES',
   'ScaDLESState',
   'StreamState',
   'Streams',
   'adopt',
+  'adopt_control',
   'allocate',
+  'batches',
   'buffer_report',
   'candidate_factors',
+  'chain',
   'dynamic_batching',
   'ewma',
   'gravac',
+  'gravac_control',
+  'host',
   'lr_scale',
   'noise_meter',
   'scadles_compression',
+  'scadles_control',
   'scavenger',
   'stream_rates',
   'streams',

@@ -62,7 +62,7 @@ Readings of the paper, after the check in research/ALGORITHMS.md §4.2:
 - One δ_min and one δ_c, as Algorithm 1 has: each E‖C(g_o)‖² is one EWMA, fed
   the θ_min (θ_c) in force at each step and carried on when a check changes
   θ_min (θ_c), so a new CF's first gains enter the average its predecessor
-  built (`jaxdist.train.adaptive.GraVACControl`). The authors' code does the
+  built (`jaxdist.control.ratio.gravac_control`). The authors' code does the
   same: one tracker of the current CF's norm, made once before training and
   never reset when the CF changes (sahiltyagi4/GraVAC,
   gravac_py3/run/compression_throughput.py, lines 178–180, 229–233, 311, 327–330),

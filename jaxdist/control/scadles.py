@@ -5,7 +5,7 @@ to compress when |‖w‖² − ‖Top-k(w)‖²| / ‖w‖² ≤ δ on those av
 step sends Top-k(w) if more than half of them vote so (the authors' code
 lets half suffice), dense otherwise. Which step the decision applies to, and
 what a dense step does to the residual, is the trainer's
-(`jaxdist.train.adaptive`).
+(`jaxdist.control.ratio.scadles_control`).
 """
 
 from __future__ import annotations

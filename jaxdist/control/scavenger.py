@@ -170,12 +170,10 @@ def noise_meter(decay: float = 0.9) -> NoiseMeter:
     for name, v in (('worker_sq', worker_sq), ('mean_sq', mean_sq)):
       if not (math.isfinite(v) and v >= 0):
         raise ValueError(f'{name} must be finite and >= 0, got {v}')
-    first = state.count == 0  # nothing to smooth with yet
-    return NoiseMeterState(
-      ewma(None if first else state.worker_sq, worker_sq, decay),
-      ewma(None if first else state.mean_sq, mean_sq, decay),
-      state.count + 1,
-    )
+    seen = state.count > 0  # else nothing to smooth with yet
+    smooth = lambda old, new: ewma(old if seen else None, new, decay)
+    return NoiseMeterState(smooth(state.worker_sq, worker_sq), smooth(state.mean_sq, mean_sq),
+                           state.count + 1)  # fmt: skip
 
   return NoiseMeter(init, update)
 

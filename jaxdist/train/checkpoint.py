@@ -3,7 +3,8 @@
 Orbax writes each checkpoint into a temporary directory and renames it when
 complete, so a process killed mid-write leaves the previous checkpoint as the
 latest one. Saved with the state: a JSON record of the data position (the
-step: batches are a pure function of seed and step) and of the run.
+step: batches are a pure function of seed and step) and of the run (`meta`),
+and the host controllers' states (`control`, JSON: `jd.control.host.to_tree`).
 """
 
 from __future__ import annotations
@@ -24,17 +25,23 @@ class Checkpointer:
     self.directory = os.path.abspath(directory)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
     self._manager = ocp.CheckpointManager(
-      self.directory, options=options, item_names=('state', 'meta')
+      self.directory, options=options, item_names=('state', 'meta', 'control')
     )
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
-  def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+  def save(
+    self, step: int, state: Any, meta: dict[str, Any], control: dict[str, Any] | None = None
+  ) -> None:
     """Starts writing checkpoint `step`; device buffers are copied before it returns."""
     self._manager.save(
       step,
-      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+      args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        meta=ocp.args.JsonSave(meta),
+        control=ocp.args.JsonSave(control or {}),
+      ),
       force=True,
     )
 
@@ -102,17 +109,30 @@ def read_meta(directory: str, step: int) -> dict[str, Any]:
     return json.load(f)
 
 
-def state_to_json(state: tuple) -> dict[str, Any]:
-  """A host controller's NamedTuple state as checkpoint metadata: arrays as lists, NaN as None."""
-  plain = lambda v: v.tolist() if isinstance(v, np.ndarray) else v
-  nan = lambda v: None if isinstance(v, float) and np.isnan(v) else v
-  return {k: jax.tree.map(nan, plain(v)) for k, v in state._asdict().items()}
+CONTROLLERS = ('batching', 'adaptive', 'noise')  # the control item's entries
 
 
-def state_from_json(template: tuple, saved: dict[str, Any]) -> tuple:
-  """The inverse of `state_to_json`, with `template`'s field types and array dtypes."""
-  fields = {}
-  for k, now in template._asdict().items():
-    v = jax.tree.map(lambda x: np.nan if x is None else x, saved[k], is_leaf=lambda x: x is None)
-    fields[k] = np.asarray(v, now.dtype) if isinstance(now, np.ndarray) else type(now)(v)
-  return type(template)(**fields)
+def read_control(directory: str, step: int) -> dict[str, Any]:
+  """The host controllers' states saved with checkpoint `step` (`Checkpointer.save`'s control).
+
+  A checkpoint written before the control item kept them in its metadata,
+  the ratio controller's without its `inner` level: read from there.
+  """
+  path = os.path.join(os.path.abspath(directory), str(step), 'control', 'metadata')
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)
+  meta = read_meta(directory, step)
+  out = {k: meta[k] for k in CONTROLLERS if meta.get(k)}
+  if 'adaptive' in out:
+    a = out['adaptive']
+    inner = (
+      {'gravac': a['gravac'], 'ewma': a.get('ewma')} if 'gravac' in a
+      else a['adopt'] if 'adopt' in a else {'sums': a.get('sums')}
+    )  # fmt: skip
+    if 'gravac' in a and 'ewma' not in a and a.get('sums'):  # an EWMA of every candidate's
+      g, sums = a['gravac'], a['sums']  # ‖C_r(w)‖², then ‖w‖²: θ_min's and θ_c's carry on
+      inner['ewma'] = [sums[g['min_index']], sums[g['cand_index']], sums[-1]]
+    out['adaptive'] = {'index': a['index'], 'compressed': a['compressed'], 'steps': a['steps'],
+                       'inner': inner}  # fmt: skip
+  return out

@@ -390,7 +390,7 @@ def base() -> ml_collections.ConfigDict:
   # inject_beta of its batch with every other worker each step (bytes counted).
   config.partition = dict(kind='iid', labels_per_worker=1, inject_alpha=0.0, inject_beta=0.0)
 
-  # Adaptive compression (jaxdist.train.adaptive): 'gravac' (Tyagi & Swany, CLOUD 2023),
+  # Adaptive compression (jaxdist.control.ratio): 'gravac' (Tyagi & Swany, CLOUD 2023),
   # 'scadles' (ScaDLES's compress-or-not rule) or 'adopt' (ADOPT) choose compressed_allreduce's
   # candidate ratio (or dense; ADOPT also the collective) each step from the workers'
   # measured compression gains.

@@ -393,7 +393,8 @@ def restore(exp, directory: str, step: int, template: Any, meta: dict[str, Any])
   """
   workers, method, saved = exp.workers, exp.method, int(meta['workers'])
   check(method, saved, workers.count, multiple=exp.reshard_multiple)
-  host = [k for k in ('batching', 'adaptive') if meta.get(k)]
+  control = checkpoint.read_control(directory, step)
+  host = [k for k in ('batching', 'adaptive') if control.get(k)]
   if host:
     raise ReshardError(
       f'its host controllers ({", ".join(host)}: config.batching, config.adaptive) keep '

@@ -64,7 +64,8 @@ class Experiment:
   batching: control.DynamicBatching | control.Streams | None = None  # per-worker batches
   held: int = 0  # examples each worker holds per step: its batch, or b_max
   sampler: data.Sampler | None = None  # which examples each worker trains on
-  ratio_control: Any = None  # an `adaptive.RatioControl` (config.adaptive), or None
+  ratio_control: control.Controller | None = None  # the ratio's (config.adaptive), or None
+  ratios: tuple[float, ...] = ()  # its candidates, compiled into the chain (dense after them)
   drops: tuple = ()  # `inject.Drop`s (config.fault.drop)
 
   @property

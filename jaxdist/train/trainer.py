@@ -160,7 +160,8 @@ def measure_worker_steps(
   def seconds(candidate: int | None) -> float:
     tx_args = {}
     if exp.ratio_control is not None:  # the candidate the run starts with
-      args = exp.ratio_control.args()
+      ctl = exp.ratio_control
+      args = dict(ctl.plan(ctl.init(), 0).tx_args)
       if candidate is not None:
         args['candidate'] = np.full_like(args['candidate'], candidate)
       tx_args = {k: jax.device_put(v[:1], one.sharding) for k, v in args.items()}
@@ -189,9 +190,9 @@ def candidate_step_s(exp: factory.Experiment, meta: dict[str, Any]) -> list[floa
   if meta.get('compute_s_candidates'):
     return [float(v) for v in meta['compute_s_candidates']]
   if exp.compute_s:
-    return [exp.compute_s] * (ctl.dense + 1)
+    return [exp.compute_s] * (len(exp.ratios) + 1)
   budget_s = exp.compute_budget_s / 4
-  out = measure_worker_steps(exp, range(ctl.dense + 1), budget_s=budget_s)
+  out = measure_worker_steps(exp, range(len(exp.ratios) + 1), budget_s=budget_s)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
 
@@ -218,90 +219,6 @@ def worker_step_s(exp: factory.Experiment, meta: dict[str, Any]) -> float:
 
     compute_s = float(multihost_utils.broadcast_one_to_all(np.float64(compute_s)))
   return compute_s
-
-
-class Batches:
-  """Per-worker batch sizes of a run: uniform, static, dynamic, or set by the data streaming in.
-
-  Each step the cluster's modelled compute time of every worker (batch /
-  speed × the measured time per example) is what the dynamic-batching
-  controller observes, as the worker's iteration time would be on real
-  heterogeneous hardware. With streams (`jd.control.streams`) each step's
-  modelled time (the slowest worker's compute plus `comm_s(t)`, the
-  step's synchronisation on the first network) is how long data streamed
-  in; the record keeps each worker's wait for data, which the modelled
-  clock charges.
-  """
-
-  def __init__(self, exp: factory.Experiment, compute_s: float, comm_s: Callable[[int], float]):
-    self.exp, self.ctl, self.comm_s = exp, exp.batching, comm_s
-    self.per_example_s = compute_s / exp.per_worker
-    self.state = None
-    if exp.streaming:
-      self.state = self.ctl.init(exp.workers.count)
-    elif self.ctl is not None:
-      speeds = exp.cluster.speeds if exp.batching_mode == 'static' else None
-      self.state = self.ctl.init(exp.workers.count, speeds)
-
-  @property
-  def sizes(self) -> np.ndarray | None:
-    """[K] batches the controller chose (None: uniform), drawn whether or not a worker dropped."""
-    return None if self.state is None else self.state.batches
-
-  def counts(self, t: int) -> np.ndarray | None:
-    """[K] examples each worker trains on at step t: its batch, 0 while it is dropped
-    (`config.fault.drop`); None when every worker trains on its uniform batch."""
-    if self.state is None and not self.exp.drops:
-      return None
-    k = self.exp.workers.count
-    sizes = np.full(k, self.exp.per_worker) if self.state is None else self.state.batches
-    if self.exp.drops:
-      sizes = np.where(inject.alive(self.exp.drops, k, t), sizes, 0)
-    return sizes
-
-  @property
-  def scale(self) -> float | None:
-    """ScaDLES's learning-rate scale Σb / B of this step ('stream' batches), else None."""
-    if self.exp.batching_mode != 'stream':
-      return None
-    return control.lr_scale(self.state.batches, self.exp.batch_size)
-
-  def observe(self, t: int) -> dict[str, Any]:
-    """Step t's batches, modelled compute times (and waits); the controller takes the times."""
-    counts = self.counts(t)
-    if counts is None:
-      return {}
-    record = {'batches': counts.tolist()}
-    if self.exp.cluster is not None:
-      times = self.exp.cluster.compute_seconds(t, counts, self.per_example_s)
-      record['compute_s'] = times.tolist()
-    if self.state is None:  # uniform batches with dropped workers
-      return record
-    if self.scale is not None:  # the learning rate of this step is learning_rate × lr_scale
-      record['lr_scale'] = self.scale
-    if self.exp.streaming:
-      record.update(wait_s=self.state.wait_s.tolist(), queue=self.state.queue.tolist())
-      self.state = self.ctl.update(self.state, float(times.max()) + self.comm_s(t))
-    elif self.exp.batching_mode == 'dynamic':
-      self.state = self.ctl.update(self.state, times)
-    return record
-
-  def summary(self) -> dict[str, Any]:
-    """The streams' buffers (ScaDLES's persistence vs truncation), if any."""
-    if not self.exp.streaming:
-      return {}
-    image = self.exp.dataset.train.images
-    report = control.buffer_report(self.state, bytes_per_sample=image[0].nbytes)
-    return {f'buffer_{k}': v for k, v in report.items() if not isinstance(v, list)}
-
-  def to_json(self) -> dict[str, Any]:
-    """The controller's state for a checkpoint's metadata (NaN as None)."""
-    return {} if self.state is None else checkpoint.state_to_json(self.state)
-
-  def restore(self, saved: dict[str, Any]) -> None:
-    """The controller's state as a checkpoint's metadata saved it."""
-    if self.state is not None and saved:
-      self.state = checkpoint.state_from_json(self.state, saved)
 
 
 class Noise:
@@ -346,57 +263,73 @@ class Noise:
     gamma = control.scavenger.gamma(self.state)
     return {'gamma': gamma, 'gamma_normalized': gamma / k}
 
-  def to_json(self) -> dict[str, Any]:
-    return checkpoint.state_to_json(self.state)
 
-  def restore(self, saved: dict[str, Any]) -> None:
-    if saved:
-      self.state = checkpoint.state_from_json(self.state, saved)
+class Host:
+  """The host controllers around each step (`jd.control.host`), the noise meter, and the
+  copy of the train state an exploration keeps.
 
-
-class HostSide:
-  """What the host decides and measures around each step: batches, their examples, γ.
+  The controllers are one chain: per-worker batches (`exp.batching`, dropped
+  workers) and the ratio controller (`exp.ratio_control`). Each step runs the
+  plan they make for it; each step's record, once fetched, is what they
+  observe, before the next plan whenever a plan said it reads the last step
+  (`Plan.needs_last`).
 
   Args:
     exp: the run.
     compute_s: one worker's measured step (the compute term).
     prices: the run's ledger (streams take a synchronising step's time from it).
     clock: the training clock (the noise measurement pauses it).
+    candidate_s: the compute term of each candidate ratio, if any.
   """
 
-  def __init__(self, exp, compute_s: float, prices: ledger.Ledger, clock: Clock):
-    self.exp, self.clock = exp, clock
-    self.batches, self.noise = Batches(exp, compute_s, prices.sync_s), Noise(exp)
+  def __init__(self, exp, compute_s: float, prices: ledger.Ledger, clock: Clock,
+               candidate_s: Sequence[float] = ()):  # fmt: skip
+    self.exp, self.clock, self.candidate_s = exp, clock, list(candidate_s)
+    parts = {}
+    k = exp.workers.count
+    if exp.batching is not None or exp.drops:
+      parts['batching'] = control.batches(
+        exp.batching, exp.batching_mode, num_workers=k, global_batch=exp.batch_size,
+        cluster=exp.cluster, per_example_s=compute_s / exp.per_worker, comm_s=prices.sync_s,
+        alive=(lambda t: inject.alive(exp.drops, k, t)) if exp.drops else None,
+        example_bytes=exp.dataset.train.images[0].nbytes,
+      )  # fmt: skip
+    if exp.ratio_control is not None:
+      parts['adaptive'] = exp.ratio_control
+    self.controllers = control.chain(**parts)
+    self.state = self.controllers.init()
+    self.noise = Noise(exp)
     self.example_bytes = exp.dataset.train.images[0].nbytes
     self.saved = None  # a copy of the train state an exploration started from
-    self.candidate_s: list[float] = []  # the compute term of each candidate, if any
+    self.last = control.Plan()  # the plan of the last step
 
-  def batch(self, t: int, state) -> tuple[tuple[jax.Array, ...], dict[str, Any], dict[str, float]]:
+  def plan(self, t: int, log: StepLog) -> control.Plan:
+    """Step t's plan; first the last step's record, if the last plan asked to observe it."""
+    if self.last.needs_last:
+      log.flush()
+    self.last = self.controllers.plan(self.state, t)
+    return self.last
+
+  def batch(self, t: int, state, plan: control.Plan):
     """Step t's device arrays, the chain's extra arguments, and fields measured before it."""
-    arrays, injected = put_batch(
-      self.exp, t, self.batches.sizes, self.batches.scale, self.batches.counts(t)
-    )
+    arrays, injected = put_batch(self.exp, t, plan.batches, plan.lr_scale, plan.counts)
     fields = self.noise.measure(t, state, arrays, self.clock)
     if self.exp.sampler.partition.injects:  # bytes each worker received, on average
       fields['inject_bytes'] = float(np.mean(injected)) * self.example_bytes
-    tx_args = {}
-    if self.exp.ratio_control is not None:
-      w = self.exp.workers
-      put = lambda a: jax.make_array_from_process_local_data(w.sharding, a[w.local_workers()])
-      tx_args = {k: put(v) for k, v in self.exp.ratio_control.tx_args(t).items()}
-    return arrays, tx_args, fields
+    w = self.exp.workers
+    put = lambda a: jax.make_array_from_process_local_data(w.sharding, a[w.local_workers()])
+    return arrays, {k: put(v) for k, v in plan.tx_args.items()}, fields
 
-  def prepare(self, state):
-    """The train state the next step starts from: a controller (ADOPT) may save a copy
-    of it before an exploration and go back to the copy afterwards."""
-    action = self.exp.ratio_control.action() if self.exp.ratio_control else None
-    if action == 'snapshot':
+  def prepare(self, state, plan: control.Plan):
+    """The train state the next step starts from: a plan may keep a copy of it before an
+    exploration and go back to the copy afterwards."""
+    if plan.snapshot:
       self.saved = _copy(state)
-    elif action == 'restore':
+    elif plan.restore:
       if self.saved is None:
         raise RuntimeError('the controller asked to restore a train state it never saved')
       state = _copy(self.saved)
-      if not self.exp.ratio_control.exploring:
+      if not plan.exploring:
         self.saved = None
     return state
 
@@ -411,40 +344,29 @@ class HostSide:
       state, self.saved = self.saved, None
     return state
 
-  @property
-  def synchronous(self) -> bool:
-    """Whether each step waits for the last one's metrics (a ratio controller reads them)."""
-    return self.exp.ratio_control is not None
-
-  def compute_at(self, step: int) -> float | None:
-    """The compute term of step `step` (1-based) if it depends on the candidate, else None."""
-    ctl = self.exp.ratio_control
-    if ctl is None or not self.candidate_s:
+  def compute_at(self, plan: control.Plan) -> float | None:
+    """The compute term of a step that ran `plan`, if it depends on the candidate, else None."""
+    if not self.candidate_s or 'candidate' not in plan.tx_args:
       return None
-    return self.candidate_s[ctl.candidate_of(step)]
+    return self.candidate_s[int(plan.tx_args['candidate'][0])]
 
-  def read(self, record: dict[str, Any], fetched: dict[str, Any]) -> dict[str, Any]:
-    """Fields the controllers add to a step's record, from its fetched metrics."""
-    if self.exp.ratio_control is None:
-      return {}
-    return self.exp.ratio_control.observe(record, fetched)
-
-  def observe(self, t: int) -> dict[str, Any]:
-    return self.batches.observe(t)
+  def observe(self, record: control.Record) -> dict[str, Any]:
+    """Fields the controllers add to a step's record."""
+    self.state, fields = self.controllers.observe(self.state, record)
+    return fields
 
   def summary(self) -> dict[str, Any]:
-    ratios = self.exp.ratio_control.summary() if self.exp.ratio_control else {}
-    return {**self.noise.summary(), **self.batches.summary(), **ratios}
+    return {**self.noise.summary(), **self.controllers.summary(self.state)}
 
-  def to_json(self) -> dict[str, Any]:
-    ratios = self.exp.ratio_control.to_json() if self.exp.ratio_control else {}
-    return {'batching': self.batches.to_json(), 'noise': self.noise.to_json(), 'adaptive': ratios}
+  def to_tree(self) -> dict[str, Any]:
+    """Every controller's state and the noise meter's, for the checkpoint's control item."""
+    return {**control.host.to_tree(self.state), 'noise': control.host.to_tree(self.noise.state)}
 
-  def restore(self, meta: dict[str, Any]) -> None:
-    self.batches.restore(meta.get('batching', {}))
-    self.noise.restore(meta.get('noise', {}))
-    if self.exp.ratio_control is not None:
-      self.exp.ratio_control.restore(meta.get('adaptive', {}))
+  def restore(self, saved: dict[str, Any]) -> None:
+    """The states `to_tree` saved (absent ones stay as they start)."""
+    self.state = control.host.from_tree(self.state, saved)
+    if saved.get('noise'):
+      self.noise.state = control.host.from_tree(self.noise.state, saved['noise'])
 
 
 @jax.jit
@@ -490,23 +412,28 @@ class Clock:
 
 
 class StepLog:
-  """Per-step records: device metrics fetched one step late, priced by the ledger, then written."""
+  """Per-step records: device metrics fetched one step late, priced by the ledger, then written.
+
+  `observe(record)` (a `control.Record`) gives the fields the host controllers
+  add; `compute_at(plan)` the compute term of a step that ran `plan`, where
+  it depends on the plan (None: the run's).
+  """
 
   def __init__(
-    self, writer: metrics.MetricsWriter, prices: ledger.Ledger, schedule, on_write, read=None,
+    self, writer: metrics.MetricsWriter, prices: ledger.Ledger, schedule, on_write, observe=None,
     compute_at=None,
   ):  # fmt: skip
     self.writer, self.prices, self.schedule, self.on_write = writer, prices, schedule, on_write
-    self.read = read or (lambda record, fetched: {})
-    self.compute_at = compute_at or (lambda step: None)
-    self._pending: tuple[int, Any] | None = None
+    self.observe = observe or (lambda record: {})
+    self.compute_at = compute_at or (lambda plan: None)
+    self._pending: tuple[int, Any, control.Plan] | None = None
     self._extra: dict[str, float] = {}
     self._last_fetch: float | None = None
 
-  def push(self, step: int, device_metrics: Any) -> None:
+  def push(self, step: int, device_metrics: Any, plan: control.Plan | None = None) -> None:
     """Writes the previous step's record, then holds this one's (still on the device)."""
     self.flush()
-    self._pending = (step, device_metrics)
+    self._pending = (step, device_metrics, plan or control.Plan())
 
   def add(self, fields: dict[str, float]) -> None:
     """Adds `fields` (e.g. an evaluation) to the pending step's record."""
@@ -516,7 +443,7 @@ class StepLog:
     """Fetches and writes the pending record, if any."""
     if self._pending is None:
       return
-    t, m = self._pending
+    t, m, plan = self._pending
     self._pending = None
     m = jax.device_get(m)
     now = time.perf_counter()
@@ -530,13 +457,13 @@ class StepLog:
       'step_s': step_s,
       **self._extra,
     }
-    compute_s = self.compute_at(t)
+    compute_s = self.compute_at(plan)
     if compute_s is not None:  # this step's candidate's compute term, not the run's first
       record['step_compute_s'] = compute_s
       for name in self.prices.networks:
         blocking, hidden = record[f'comm_s@{name}'], record.get(f'overlap_s@{name}', 0.0)
         record[f'modelled_s@{name}'] = netmodel.step_time(compute_s, blocking, hidden)
-    record.update(self.read({'step': t, **record}, m))
+    record.update(self.observe(control.Record(t, plan, {'step': t, **record}, m)))
     self._extra = {}
     self.writer.write(t, record)
     self.on_write(record)
@@ -561,16 +488,19 @@ def kill_at_step(step: int) -> Callable[[int, StepLog, checkpoint.Checkpointer],
   return hook
 
 
-def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, Any]]:
-  """(state, step, metadata): the latest checkpoint's, or a fresh state at step 0.
+def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, Any], dict]:
+  """(state, step, metadata, controllers' states): the latest checkpoint's, or a fresh state
+  at step 0.
 
   A checkpoint of another number of workers is read as NumPy, resharded for
   this run's (`jaxdist.train.elastic`: per-method rules) and placed as a
-  restore places it; one of the same number is restored as it was saved.
+  restore places it, its host controllers starting afresh (elastic restore
+  refuses those that keep state per worker); one of the same number is
+  restored as it was saved.
   """
   start = ckpt.latest_step() or 0
   if not start:
-    return init(jax.random.key(exp.seed)), 0, {}
+    return init(jax.random.key(exp.seed)), 0, {}, {}
   where = f'cannot resume from the checkpoint at step {start} in {exp.workdir}'
   saved = checkpoint.read_meta(ckpt.directory, start)
   try:
@@ -579,7 +509,7 @@ def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, A
       state, meta, done = elastic.restore(exp, ckpt.directory, start, state_shape, saved)
       logging.info('resumed from step %d, resharded %s (%s): %s', start, done, exp.method,
                    elastic.describe(exp.method))  # fmt: skip
-      return state, start, meta
+      return state, start, meta, {}
   except elastic.ReshardError as e:
     raise ConfigError(f'{where}: {e}') from e
   shardings = jax.tree.map(lambda _: exp.workers.sharding, state_shape)
@@ -592,7 +522,7 @@ def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, A
       f'Use a fresh --workdir or the config that wrote it.'
     ) from e
   logging.info('resumed from step %d (%s)', start, {k: v for k, v in meta.items() if k != 'config'})
-  return state, start, meta
+  return state, start, meta, checkpoint.read_control(ckpt.directory, start)
 
 
 def config_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -717,7 +647,7 @@ def train(exp: factory.Experiment, *, fresh: bool = False) -> dict[str, Any]:
   eval_step = step_lib.make_eval_step(exp.model, workers)
   state_shape = jax.eval_shape(init, jax.random.key(exp.seed))
   ckpt = checkpoint.Checkpointer(os.path.join(exp.workdir, CHECKPOINTS), keep=exp.keep_checkpoints)
-  state, start, meta = restore_or_init(exp, ckpt, init, state_shape)
+  state, start, meta, control_state = restore_or_init(exp, ckpt, init, state_shape)
   if lead:  # the config this run goes on with
     metrics.write_atomic(os.path.join(exp.workdir, CONFIG_FILE), json.dumps(exp.record, indent=2))
 
@@ -725,23 +655,19 @@ def train(exp: factory.Experiment, *, fresh: bool = False) -> dict[str, Any]:
   prices = ledger.Ledger.of(exp, comm.find_transfers(state_shape.opt_state), compute_s)
   bar = report.progress(exp.steps, start, enabled=lead and exp.progress)
   chunks, clock, last_eval, wall0 = eval_chunks(exp), Clock(), {}, time.time()
-  host = HostSide(exp, compute_s, prices, clock)
-  host.candidate_s = candidate_step_s(exp, meta)
-  host.restore(meta)
+  host = Host(exp, compute_s, prices, clock, candidate_step_s(exp, meta))
+  host.restore(control_state)
   writer = metrics.MetricsWriter(exp.workdir, start, enabled=lead)
-  log = StepLog(
-    writer, prices, exp.schedule, on_write=bar.show, read=host.read, compute_at=host.compute_at
-  )
+  log = StepLog(writer, prices, exp.schedule, bar.show, host.observe, host.compute_at)
   hooks = [kill_at_step(exp.kill_at_step)]
   evaluate_due = save_due = False  # held back while an exploration runs
   for t in range(start, exp.steps):
-    if host.synchronous:  # a controller decides this step from the last one's metrics
-      log.flush()
-    state = host.prepare(state)
-    batch, tx_args, fields = host.batch(t, state)
+    plan = host.plan(t, log)  # first the last step's record, if the plan reads it
+    state = host.prepare(state, plan)
+    batch, tx_args, fields = host.batch(t, state, plan)
     state, m = train_step(state, *batch, **tx_args)
-    log.push(t + 1, m)
-    log.add({**host.observe(t), **fields})
+    log.push(t + 1, m, plan)
+    log.add(fields)
     bar.update(1)
     clock.step(m)
     done = t + 1
@@ -760,8 +686,8 @@ def train(exp: factory.Experiment, *, fresh: bool = False) -> dict[str, Any]:
         log.writer.flush()  # the log reaches the checkpoint's step before the checkpoint commits
         saved = {'step': done, 'seed': exp.seed, 'config': dict(exp.record),
                  'compute_s': compute_s, 'compute_s_candidates': host.candidate_s,
-                 **elastic.recorded(exp), **host.to_json()}  # fmt: skip
-        ckpt.save(done, state, saved)
+                 **elastic.recorded(exp)}  # fmt: skip
+        ckpt.save(done, state, saved, host.to_tree())
       for hook in hooks:
         hook(done, log, ckpt)
   log.flush()

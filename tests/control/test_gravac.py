@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from jaxdist import control
+from jaxdist.control import ratio
 from jaxdist.control.gravac import (
   DENSE,
   GraVACState,
@@ -23,6 +24,8 @@ from jaxdist.control.gravac import (
   gravac,
   ratios,
 )
+
+from conftest import Driven
 
 NAN = np.nan
 EXP = (10.0, 20.0, 40.0, 160.0, 640.0, 1000.0)  # indices 0-5
@@ -379,7 +382,7 @@ def test_a_state_of_another_grid_is_refused():
     )
 
 
-# --- the trainer's smoothing (jaxdist.train.adaptive.GraVACControl) ------------------------
+# --- the trainer's smoothing (jaxdist.control.ratio.gravac_control) ------------------------
 
 
 def _trainer_control(policy, window=2, decay=0.9, workers=2):
@@ -391,17 +394,24 @@ def _trainer_control(policy, window=2, decay=0.9, workers=2):
   theta_max = 2000.0 if policy == 'geometric' else 1000.0
   config.gravac.update(policy=policy, theta_min=10.0, theta_max=theta_max, window=window,
                        decay=decay, epsilon=0.7, omega=0.01)  # fmt: skip
-  return controls.build(config, workers, {'1gbps': None})
+  return Driven(controls.build(config, workers, {'1gbps': None}))
 
 
 def _observe(ctl, t, step_s, sq_norm, gains_by_index):
   """Step t (0-based) on 2 workers with ‖w‖² = sq_norm and the same gain per grid index."""
-  ctl.tx_args(t)
-  gains = np.full((2, len(ctl.ratios)), 0.2)
+  gains = np.full((2, 9), 0.2)  # the grid's 9 factors
   for i, g in gains_by_index.items():
     gains[:, i] = g
   norms = np.full((2, 2), sq_norm)
-  ctl.observe({'step': t + 1, 'modelled_s@1gbps': step_s}, {'norms': norms, 'gains': gains})
+  ctl.step(t, {'modelled_s@1gbps': step_s}, {'norms': norms, 'gains': gains})
+
+
+def _gains(ctl):
+  return ratio.smoothed_gains(ctl.state.inner.ewma)
+
+
+def _check(ctl):
+  return ctl.state.inner.gravac
 
 
 def test_the_trainer_continues_one_delta_c_across_candidate_changes():
@@ -409,31 +419,31 @@ def test_the_trainer_continues_one_delta_c_across_candidate_changes():
   # Gains per CF, every step: 10x 0.9, 20x 0.8, 40x 0.5, 80x 0.3; ‖w‖² = 1, 2, 2, 2, 2.
   # Algorithm 1's one δ_c: E‖C_θc(w)‖² is one EWMA, fed whichever θ_c is in force.
   ctl = _trainer_control('geometric')
-  assert ctl.ratios == ratios(GEO) and ctl.index == 0  # the first step sends θ_min
+  assert ctl.plans == {} and ctl.index == 0  # the first step sends θ_min
   gains = {0: 0.9, 1: 0.8, 2: 0.5, 3: 0.3}
   # step 1 (θ_c 20): E‖w‖² 1, E‖C_20‖² 0.8: δ_c 0.8 ≥ ε, the next step sends θ_c (index 1)
   _observe(ctl, 0, 0.5, 1.0, gains)
-  assert ctl.gains == pytest.approx((0.9, 0.8), rel=1e-12) and ctl.index == 1
+  assert _gains(ctl) == pytest.approx((0.9, 0.8), rel=1e-12) and ctl.index == 1
   # step 2: E‖w‖² 0.9·1 + 0.1·2 = 1.1, E‖C_20‖² 0.9·0.8 + 0.1·1.6 = 0.88: δ_c 0.8. The check:
   # θ_s 4, |0.9 − 0.8| > 0.009 (no raise), θ_c = 40 (index 2); T 10x 0.9·N/t, 20x 0.8·N/t are
   # 12.5% apart (no stop). The next step is decided on δ_c 0.8 (θ_c 40's own EWMA would be 0.5,
   # below ε, and send θ_min): it sends 40x.
   _observe(ctl, 1, 0.5, 2.0, gains)
-  assert (ctl.state.min_index, ctl.state.cand_index, ctl.state.scale) == (0, 2, 4.0)
-  assert ctl.gains == pytest.approx((0.9, 0.8), rel=1e-12) and ctl.index == 2
+  assert (_check(ctl).min_index, _check(ctl).cand_index, _check(ctl).scale) == (0, 2, 4.0)
+  assert _gains(ctl) == pytest.approx((0.9, 0.8), rel=1e-12) and ctl.index == 2
   # step 3 (θ_c 40): E‖w‖² 0.9·1.1 + 0.2 = 1.19, E‖C‖² 0.9·0.88 + 0.1·(0.5·2) = 0.892
   _observe(ctl, 2, 0.5, 2.0, gains)
-  assert ctl.gains[1] == pytest.approx(0.892 / 1.19, rel=1e-12)  # 0.7496 ≥ ε: 40x again
-  assert ctl.gains[0] == pytest.approx(0.9, rel=1e-12) and ctl.index == 2
+  assert _gains(ctl)[1] == pytest.approx(0.892 / 1.19, rel=1e-12)  # 0.7496 ≥ ε: 40x again
+  assert _gains(ctl)[0] == pytest.approx(0.9, rel=1e-12) and ctl.index == 2
   # step 4: E‖w‖² 0.9·1.19 + 0.2 = 1.271, E‖C‖² 0.9·0.892 + 0.1 = 0.9028: δ_c 0.7103. The
   # check: θ_s 8, θ_c 80 (index 3), decided on δ_c 0.7103 ≥ ε: sends 80x
   _observe(ctl, 3, 0.5, 2.0, gains)
-  assert ctl.gains[1] == pytest.approx(0.9028 / 1.271, rel=1e-12)
-  assert (ctl.state.cand_index, ctl.state.scale, ctl.index) == (3, 8.0, 3)
+  assert _gains(ctl)[1] == pytest.approx(0.9028 / 1.271, rel=1e-12)
+  assert (_check(ctl).cand_index, _check(ctl).scale, ctl.index) == (3, 8.0, 3)
   # step 5 (θ_c 80): E‖w‖² 0.9·1.271 + 0.2 = 1.3439, E‖C‖² 0.9·0.9028 + 0.1·0.6 = 0.87252:
   # δ_c 0.6492 < ε, δ_min 0.9: θ_min next
   _observe(ctl, 4, 0.5, 2.0, gains)
-  assert ctl.gains[1] == pytest.approx(0.87252 / 1.3439, rel=1e-12) and ctl.index == 0
+  assert _gains(ctl)[1] == pytest.approx(0.87252 / 1.3439, rel=1e-12) and ctl.index == 0
   assert [ctl.candidate_of(t) for t in range(1, 6)] == [0, 1, 2, 2, 3]
 
 
@@ -448,11 +458,11 @@ def test_the_trainer_continues_one_delta_min_across_a_raise():
   # the check: θ_s 4, |0.9 − 0.895| ≤ 0.009: θ_min 40 (index 2), θ_c 160 (index 3). δ_min and
   # δ_c carry on from 10x's and 20x's (0.9, 0.895): 160x is sent (its own 0.5 and 40x's 0.6
   # are both below ε, which would send dense)
-  assert (ctl.state.min_index, ctl.state.cand_index, ctl.state.scale) == (2, 3, 4.0)
-  assert ctl.gains == pytest.approx((0.9, 0.895), rel=1e-12) and ctl.index == 3
+  assert (_check(ctl).min_index, _check(ctl).cand_index, _check(ctl).scale) == (2, 3, 4.0)
+  assert _gains(ctl) == pytest.approx((0.9, 0.895), rel=1e-12) and ctl.index == 3
   # step 3: δ_min 0.9·0.9 + 0.1·0.6 = 0.87, δ_c 0.9·0.895 + 0.1·0.5 = 0.8555
   _observe(ctl, 2, 0.5, 1.0, gains)
-  assert ctl.gains == pytest.approx((0.87, 0.8555), rel=1e-12) and ctl.index == 3
+  assert _gains(ctl) == pytest.approx((0.87, 0.8555), rel=1e-12) and ctl.index == 3
 
 
 def test_the_trainer_smoothing_resumes_from_checkpoint_json():
@@ -461,23 +471,33 @@ def test_the_trainer_smoothing_resumes_from_checkpoint_json():
   for t, sq_norm in enumerate((1.0, 2.0, 2.0)):
     _observe(ctl, t, 0.5, sq_norm, gains)
   back = _trainer_control('geometric')
-  back.restore(json.loads(json.dumps(ctl.to_json(), allow_nan=False)))
-  assert back.gains == ctl.gains and back.index == ctl.index == 2
+  back.state = ctl.saved()
+  assert _gains(back) == _gains(ctl) and back.index == ctl.index == 2
   for c in (ctl, back):
     _observe(c, 3, 0.5, 2.0, gains)
-  assert back.gains == ctl.gains == pytest.approx((0.9, 0.9028 / 1.271), rel=1e-12)
+  assert _gains(back) == _gains(ctl) == pytest.approx((0.9, 0.9028 / 1.271), rel=1e-12)
   assert back.index == ctl.index == 3
 
 
-def test_the_trainer_reads_a_checkpoint_of_every_candidates_ewma():
-  # 'sums': an EWMA of each candidate's ‖C_r(w)‖² (9 grid CFs), then of ‖w‖²
+def test_a_checkpoint_from_before_the_control_item_restores(tmp_path):
+  # It kept the controller in its metadata, and an EWMA of each candidate's ‖C_r(w)‖² (9 grid
+  # CFs), then of ‖w‖² ('sums'): θ_min's and θ_c's carry on.
+  from jaxdist.train import checkpoint
+
   ctl = _trainer_control('geometric')
   for t, sq_norm in enumerate((1.0, 2.0)):
     _observe(ctl, t, 0.5, sq_norm, {0: 0.9, 1: 0.8, 2: 0.5, 3: 0.3})
-  saved = ctl.to_json()
-  assert (ctl.state.min_index, ctl.state.cand_index) == (0, 2)
-  del saved['ewma']
-  saved['sums'] = [0.99, 0.88, 0.55, 0.33, 0.22, 0.22, 0.22, 0.22, 0.22, 1.1]
+  assert (_check(ctl).min_index, _check(ctl).cand_index) == (0, 2)
+  old = {
+    'index': ctl.index, 'compressed': 2, 'steps': 2,
+    'gravac': control.host.to_tree(_check(ctl)),
+    'sums': [0.99, 0.88, 0.55, 0.33, 0.22, 0.22, 0.22, 0.22, 0.22, 1.1],
+  }  # fmt: skip
+  (tmp_path / '20' / 'meta').mkdir(parents=True)
+  (tmp_path / '20' / 'meta' / 'metadata').write_text(json.dumps({'step': 20, 'adaptive': old}))
+  saved = checkpoint.read_control(str(tmp_path), 20)
   back = _trainer_control('geometric')
-  back.restore(json.loads(json.dumps(saved)))
-  assert back.gains == pytest.approx((0.99 / 1.1, 0.55 / 1.1), rel=1e-12)  # θ_min 10x, θ_c 40x
+  back.state = control.host.from_tree(back.state, saved['adaptive'])
+  assert _gains(back) == pytest.approx((0.99 / 1.1, 0.55 / 1.1), rel=1e-12)  # θ_min 10x, θ_c 40x
+  assert back.index == ctl.index
+  assert json.dumps(control.host.to_tree(_check(back))) == json.dumps(old['gravac'])

@@ -36,11 +36,11 @@ ALLOWED_FUNCTIONS = {
   'jaxdist/sync/compressed.py:update_fn': 90,
 }
 ALLOWED_FILES = {
-  'jaxdist/train/trainer.py': 812,
+  'jaxdist/train/trainer.py': 738,
   'jaxdist/train/step.py': 805,
   'jaxdist/sync/compressed.py': 725,
   'jaxdist/control/adopt.py': 708,
-  'jaxdist/control/scavenger.py': 698,
+  'jaxdist/control/scavenger.py': 697,
   'jaxdist/compress/sparsify.py': 675,
 }
 

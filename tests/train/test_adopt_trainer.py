@@ -13,7 +13,7 @@ from jaxdist import netmodel
 from jaxdist.train import checkpoint, factory, ledger, metrics
 from jaxdist.train import config as config_lib
 
-from conftest import REPO
+from conftest import REPO, Driven
 
 ADOPT = {
   'sync.method': 'compressed_allreduce', 'compress.name': 'topk', 'compress.topk.ratio': 0.1,
@@ -127,35 +127,37 @@ def adopt_config():
 
 
 def test_the_controller_feeds_adopt_the_unsquared_gain_on_the_network_that_ran():
+  from jaxdist import control
   from jaxdist.train.factory import controls
 
   config = adopt_config()
   schedule = netmodel.adopt_c1(1)  # a new network every step
-  ctl = controls.build(config, 2, {'adopt_c1@1': schedule}, num_params=150_000)
-  assert ctl.ratios == jd_candidates()
-  assert ctl.index == 0 and ctl.action() is None
-  args = ctl.tx_args(0)
-  assert args['candidate'].tolist() == [0, 0] and args['via'].tolist() == [ctl.via] * 2
+  assert controls.compiled(config) == jd_candidates()
+  ctl = Driven(controls.build(config, 2, {'adopt_c1@1': schedule}, num_params=150_000))
+  first_plan = ctl.controller.plan(ctl.state, 0)
+  assert ctl.index == 0 and not (first_plan.snapshot or first_plan.restore)
   gains = np.full((2, 5), 0.5)
   gains[:, 0] = [0.25, 0.64]  # squared: ‖C(w)‖ / ‖w‖ = 0.5 and 0.8
-  out = ctl.observe({'step': 1}, {'norms': np.ones((2, 2)), 'gains': gains})
+  out = ctl.step(0, {}, {'norms': np.ones((2, 2)), 'gains': gains})
+  plan = ctl.plans[1]
+  assert plan.tx_args['candidate'].tolist() == [0, 0] and plan.tx_args['via'].tolist() == [0, 0]
   assert out == {'ratio': 0.1, 'gain': pytest.approx(0.445), 'collective': 'allgather',
                  'phase': 'warmup'}  # fmt: skip
-  assert ctl.state.phase == 'explore' and ctl.action() == 'snapshot'
+  adopt = ctl.state.inner
+  assert adopt.phase == 'explore' and ctl.controller.plan(ctl.state, 1).snapshot
   # step 1 ran on the schedule's first network: 1 ms, 25 Gbit/s
   first = schedule.at(0)
-  assert (ctl.state.latency_s, ctl.state.bandwidth) == (first.latency, first.bandwidth)
-  ctl.tx_args(1)
-  ctl.observe({'step': 2}, {'norms': np.ones((2, 2)), 'gains': gains})
-  assert ctl.state.explore_gains == (pytest.approx(0.65),)  # mean(0.5, 0.8)
-  assert ctl.exploring and ctl.action() is None  # explores c0 for a second step
-  saved = json.loads(json.dumps(ctl.to_json()))
-  back = controls.build(config, 2, {'adopt_c1@1': schedule}, num_params=150_000)
-  back.restore(saved)
-  assert json.dumps(back.to_json()) == json.dumps(ctl.to_json())
-  assert back.state == ctl.state or all(
+  assert (adopt.latency_s, adopt.bandwidth) == (first.latency, first.bandwidth)
+  ctl.step(1, {}, {'norms': np.ones((2, 2)), 'gains': gains})
+  assert ctl.state.inner.explore_gains == (pytest.approx(0.65),)  # mean(0.5, 0.8)
+  next_plan = ctl.controller.plan(ctl.state, 2)  # explores c0 for a second step
+  assert next_plan.exploring and not (next_plan.snapshot or next_plan.restore)
+  back = ctl.saved()
+  tree = lambda s: json.dumps(control.host.to_tree(s))
+  assert tree(back) == tree(ctl.state)
+  assert all(
     a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
-    for a, b in zip(back.state, ctl.state, strict=True)
+    for a, b in zip(back.inner, ctl.state.inner, strict=True)
     if not isinstance(a, tuple)
   )
 

@@ -253,7 +253,11 @@ def restored(config, workdir):
   init = step_lib.make_init(exp.model, exp.tx, exp.workers, exp.dataset.image_shape)
   ckpt = checkpoint.Checkpointer(str(workdir / 'checkpoints'), keep=2)
   try:
-    return trainer.restore_or_init(exp, ckpt, init, jax.eval_shape(init, jax.random.key(0)))
+    state, step, meta, control = trainer.restore_or_init(
+      exp, ckpt, init, jax.eval_shape(init, jax.random.key(0))
+    )
+    assert control == {}  # resharded: the host controllers start afresh
+    return state, step, meta
   finally:
     ckpt.close()
 

@@ -10,7 +10,7 @@ from jaxdist.train import checkpoint, factory, ledger
 from jaxdist.train import config as config_lib
 from jaxdist.train import step as step_lib
 
-from conftest import REPO, run_digits
+from conftest import REPO, Driven, run_digits
 
 STEPS = 6
 
@@ -393,18 +393,19 @@ def test_a_controller_pinned_to_one_candidate_is_the_fixed_ratio_run(
 
 
 def test_scadles_rule_by_hand():
-  from jaxdist.train import adaptive
+  from jaxdist import control
 
-  ctl = adaptive.ScaDLESControl((0.1,), num_workers=3, delta=0.3, decay=0.5)
+  ctl = Driven(control.scadles_control((0.1,), num_workers=3, delta=0.3, decay=0.5))
   assert ctl.index == 1  # starts dense
   norms = np.array([[1.0, 0.0], [2.0, 0.0], [1.0, 0.0]])
   # signals |‖w‖² − ‖Top-k(w)‖²| / ‖w‖² = 0.2, 0.4, 0.25: two of three vote to compress
-  ctl.decide({}, norms, np.array([[0.8], [0.6], [0.75]]), used=1)
-  assert ctl.index == 0
+  out = ctl.step(0, {}, {'norms': norms, 'gains': np.array([[0.8], [0.6], [0.75]])})
+  assert ctl.index == 0 and out == {'ratio': 1.0, 'gain': 1.0}  # the step ran dense
   # EWMAs with decay 0.5: worker 0 → (1, 0.4) (signal 0.6), 1 → (2, 1.2) (0.4), 2 → (1, 0.475)
-  ctl.decide({}, norms, np.array([[0.0], [0.6], [0.2]]), used=0)
-  np.testing.assert_allclose(ctl.state.sums[:, 1], [0.4, 1.2, 0.475])
-  assert ctl.index == 1  # no worker votes to compress: dense
+  out = ctl.step(1, {}, {'norms': norms, 'gains': np.array([[0.0], [0.6], [0.2]])})
+  np.testing.assert_allclose(ctl.state.inner.sums[:, 1], [0.4, 1.2, 0.475])
+  assert ctl.index == 1 and out == {'ratio': 0.1, 'gain': pytest.approx(0.8 / 3)}
+  assert ctl.controller.summary(ctl.state) == {'compressed_fraction': 0.5}
 
 
 @pytest.mark.parametrize(
@@ -477,27 +478,24 @@ def test_a_controller_decides_each_step_from_the_step_before(tmp_path, data_dir,
 def test_ratio_controllers_round_trip_through_checkpoint_json():
   import json
 
-  from jaxdist.train import adaptive
+  from jaxdist import control
   from jaxdist.train.factory import controls
 
   config = config_lib.base()
   config.gravac.window = 2
   rng = np.random.default_rng(0)
-  for make in (
-    lambda: controls.build(_gravac(config), 4, {'1gbps': None}),
-    lambda: adaptive.ScaDLESControl((0.1,), 4, delta=0.3, decay=0.9),
+  for make, n in (
+    (lambda: controls.build(_gravac(config), 4, {'1gbps': None}), 9),
+    (lambda: control.scadles_control((0.1,), 4, delta=0.3, decay=0.9), 1),
   ):
-    ctl = make()
+    ctl = Driven(make())
     for t in range(5):
-      ctl.tx_args(t)
-      gains = np.sort(rng.uniform(0.3, 1.0, (4, len(ctl.ratios))), axis=1)[:, ::-1]
-      ctl.observe({'step': t + 1, 'modelled_s@1gbps': 0.01 * (t + 1)},
-                  {'norms': rng.uniform(1, 2, (4, 2)), 'gains': gains})  # fmt: skip
-    saved = json.loads(json.dumps(ctl.to_json()))
-    back = make()
-    back.restore(saved)
-    assert json.dumps(back.to_json()) == json.dumps(ctl.to_json())
-    assert back.index == ctl.index
+      gains = np.sort(rng.uniform(0.3, 1.0, (4, n)), axis=1)[:, ::-1]
+      ctl.step(t, {'modelled_s@1gbps': 0.01 * (t + 1)},
+               {'norms': rng.uniform(1, 2, (4, 2)), 'gains': gains})  # fmt: skip
+    back = ctl.saved()
+    tree = lambda s: json.dumps(control.host.to_tree(s))
+    assert tree(back) == tree(ctl.state) and back.index == ctl.index
 
 
 def _gravac(config):

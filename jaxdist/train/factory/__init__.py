@@ -185,12 +185,14 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     sampler = build_sampler(config, ds)
     model = models.get(config.model.name, num_classes=ds.num_classes, **_model_args(config.model))
     ratio_control = controls.build(config, workers.count, networks, _num_params(model, ds))
+    candidates = controls.compiled(config) if ratio_control is not None else ()
   except ValueError as e:
     raise ConfigError(str(e)) from e
   return Experiment(
     workdir=workdir, dataset=ds, model=model, tx=tx, schedule=schedule, workers=workers,
     networks=networks, record=record(config), **_run(config, workers), hierarchy=nodes,
-    cluster=cluster, batching=batching, sampler=sampler, ratio_control=ratio_control, drops=drops,
+    cluster=cluster, batching=batching, sampler=sampler, ratio_control=ratio_control,
+    ratios=candidates, drops=drops,
   )  # fmt: skip
 
 

@@ -1,4 +1,7 @@
-"""Config -> the host controller that chooses compressed_allreduce's ratio (`config.adaptive`)."""
+"""Config -> the host controller that chooses compressed_allreduce's ratio (`config.adaptive`).
+
+The controllers are `jaxdist.control.ratio`'s.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import numpy as np
 
 from jaxdist import control
 from jaxdist.control.gravac import ratios as kept_fractions
-from jaxdist.train import adaptive
 from jaxdist.train import config as config_lib
 from jaxdist.train.factory.sections import call
 
@@ -82,13 +84,17 @@ def _adopt_ratios(config, given: tuple[float, ...]) -> tuple[float, ...]:
   return tuple(out)
 
 
-def build(config, num_workers: int, networks, num_params: int = 0) -> adaptive.RatioControl | None:
+def compiled(config) -> tuple[float, ...]:
+  """The candidate ratios compressed_allreduce compiles for `config.adaptive` (() if none)."""
+  return ratios(config, config.compress[config.compress.name].get('ratio'))
+
+
+def build(config, num_workers: int, networks, num_params: int = 0) -> control.Controller | None:
   """The controller `config.adaptive` names (None for 'none')."""
   kind = config.adaptive
   if kind == 'none':
     return None
-  compressor = config.compress[config.compress.name]
-  candidates = ratios(config, compressor.get('ratio'))
+  candidates = compiled(config)
   if kind == 'gravac':
     if not 0.0 <= config.gravac.decay < 1.0:
       raise ValueError(f'config.gravac: decay must be in [0, 1), got {config.gravac.decay}')
@@ -99,7 +105,7 @@ def build(config, num_workers: int, networks, num_params: int = 0) -> adaptive.R
       )
     network = next(iter(networks))
     return call(
-      adaptive.GraVACControl, 'gravac', config.gravac, ratios=candidates,
+      control.gravac_control, 'gravac', config.gravac, ratios=candidates,
       num_workers=num_workers, network=network, samples=config.batch_size,
     )  # fmt: skip
   if kind == 'adopt':
@@ -111,11 +117,11 @@ def build(config, num_workers: int, networks, num_params: int = 0) -> adaptive.R
     section = dict(config.adopt)
     section['weights'] = config_lib.numbers(section['weights'], 'adopt.weights')
     return call(
-      adaptive.AdoptControl, 'adopt', section, ratios=candidates, num_workers=num_workers,
+      control.adopt_control, 'adopt', section, ratios=candidates, num_workers=num_workers,
       network=next(iter(networks.values())), num_params=num_params,
       algorithms=(config.network.algorithm,), leader=config.sync.compressed_allreduce.leader,
     )  # fmt: skip
   return call(
-    adaptive.ScaDLESControl, 'scadles_compression', config.scadles_compression,
+    control.scadles_control, 'scadles_compression', config.scadles_compression,
     ratios=candidates, num_workers=num_workers,
   )  # fmt: skip
