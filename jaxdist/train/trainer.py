@@ -285,6 +285,7 @@ class Host:
   def __init__(self, exp, compute_s: float, prices: ledger.Ledger, clock: Clock,
                candidate_s: Sequence[float] = ()):  # fmt: skip
     self.exp, self.clock, self.candidate_s = exp, clock, list(candidate_s)
+    self.example_bytes = exp.dataset.train.images[0].nbytes
     parts = {}
     k = exp.workers.count
     if exp.batching is not None or exp.drops:
@@ -292,14 +293,13 @@ class Host:
         exp.batching, exp.batching_mode, num_workers=k, global_batch=exp.batch_size,
         cluster=exp.cluster, per_example_s=compute_s / exp.per_worker, comm_s=prices.sync_s,
         alive=(lambda t: inject.alive(exp.drops, k, t)) if exp.drops else None,
-        example_bytes=exp.dataset.train.images[0].nbytes,
+        example_bytes=self.example_bytes,
       )  # fmt: skip
     if exp.ratio_control is not None:
       parts['adaptive'] = exp.ratio_control
     self.controllers = control.chain(**parts)
     self.state = self.controllers.init()
     self.noise = Noise(exp)
-    self.example_bytes = exp.dataset.train.images[0].nbytes
     self.saved = None  # a copy of the train state an exploration started from
     self.last = control.Plan()  # the plan of the last step
 
