@@ -83,7 +83,7 @@ def runs_of(config, name: str, resume_at: int) -> list[tuple[str, str, Any]]:
 def main(argv):
   del argv
   cli.setup(FLAGS.cpu_devices)
-  from jaxdist.train import compare, factory, metrics, report, trainer
+  from jaxdist.train import compare, factory, metrics, report, resume, trainer
 
   base = FLAGS.config
   resume_at = FLAGS.resume_at or base.steps // 2
@@ -94,7 +94,7 @@ def main(argv):
   }
   for runs in plans.values():  # every run that exists may go on with its config
     for _, workdir, c in runs if not FLAGS.fresh else []:
-      cli.run(trainer.check_resume, factory.record(c), workdir)
+      cli.run(resume.check_resume, factory.record(c), workdir)
   for name, runs in plans.items():
     straight, first = runs[0][1], None
     for label, workdir, c in runs:

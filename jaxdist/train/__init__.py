@@ -2,7 +2,10 @@
 
 - `config`: the base config (every option and its default) and `:arg` parsing.
 - `factory`: config -> dataset, model, optax chain, workers, networks.
-- `trainer`: `train_and_evaluate(config, workdir)`, the loop.
+- `trainer`: `train_and_evaluate(config, workdir)`, `train(experiment)`: a run, on `loop.run`
+  (its pieces: `feed` batches and evaluation data, `calibrate` the compute term, `host`
+  the host controllers, `steplog` the clock and per-step records, `resume` the work
+  directory and checkpoints a run may resume from).
 - `ledger`: what each step sent and its modelled time; a run's summary.
 - `step`: the jitted, sharded train and eval steps.
 """

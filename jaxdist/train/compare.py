@@ -12,7 +12,7 @@ import ml_collections
 from matplotlib.figure import Figure
 
 from jaxdist.train import config as config_lib
-from jaxdist.train import factory, ledger, metrics, report, trainer
+from jaxdist.train import factory, ledger, metrics, report, resume, trainer
 
 TABLE_FILE = 'compare.md'
 PLOT_FILE = 'compare.png'
@@ -53,7 +53,7 @@ def run(
   """Trains each variant in workdir/<name> (resuming any that exist); returns the table rows.
 
   Every variant's config, and whether its run in workdir/<name> may resume
-  with it (`trainer.check_resume`), is checked before any trains; with
+  with it (`resume.check_resume`), is checked before any trains; with
   `fresh`, those runs are removed instead and every variant starts anew.
 
   Writes `compare.md` (the table in markdown, with the command, machine and
@@ -69,7 +69,7 @@ def run(
   }
   for name, config in configs.items():
     if not fresh:
-      trainer.check_resume(factory.record(config), os.path.join(workdir, name))
+      resume.check_resume(factory.record(config), os.path.join(workdir, name))
   runs = {}
   for name, config in configs.items():
     print(f'\n=== {name}')

@@ -348,7 +348,7 @@ def check_same_run(meta: Mapping[str, Any], exp) -> None:
   """Raises `ReshardError` if the checkpoint (its metadata) or this run holds one model per
   device (`sync.per_worker='device'`, which is not resharded) and the two differ in workers,
   devices or per_worker. (Another method or model is refused before, with every other
-  config change: `jaxdist.train.trainer.check_resume`.)
+  config change: `jaxdist.train.resume.check_resume`.)
   """
   now = recorded(exp)
   layout = ('workers', 'devices', 'per_worker')

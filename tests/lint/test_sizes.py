@@ -36,7 +36,6 @@ ALLOWED_FUNCTIONS = {
   'jaxdist/sync/compressed.py:update_fn': 90,
 }
 ALLOWED_FILES = {
-  'jaxdist/train/trainer.py': 738,
   'jaxdist/train/step.py': 805,
   'jaxdist/sync/compressed.py': 725,
   'jaxdist/control/adopt.py': 708,

@@ -247,13 +247,13 @@ def trained(tmp_path_factory, data_dir):
 
 def restored(config, workdir):
   """The state, step and metadata the trainer resumes `workdir` with (nothing trained)."""
-  from jaxdist.train import trainer
+  from jaxdist.train import resume
 
   exp = factory.build(config, str(workdir))
   init = step_lib.make_init(exp.model, exp.tx, exp.workers, exp.dataset.image_shape)
   ckpt = checkpoint.Checkpointer(str(workdir / 'checkpoints'), keep=2)
   try:
-    state, step, meta, control = trainer.restore_or_init(
+    state, step, meta, control = resume.restore_or_init(
       exp, ckpt, init, jax.eval_shape(init, jax.random.key(0))
     )
     assert control == {}  # resharded: the host controllers start afresh

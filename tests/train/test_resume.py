@@ -1,11 +1,11 @@
-"""Which config changes a run may resume with (`trainer.resume_problem`), without training."""
+"""Which config changes a run may resume with (`resume.resume_problem`), without training."""
 
 import json
 import os
 
 import pytest
 
-from jaxdist.train import factory, trainer
+from jaxdist.train import factory, resume
 
 from conftest import REPO
 
@@ -35,36 +35,36 @@ SAVED = digits()  # 8 workers, 20 steps
   ],
 )
 def test_a_run_resumes_with_its_config_and_the_changes_that_keep_it_one_run(step, overrides):
-  assert trainer.resume_problem(SAVED, digits(**overrides), step) is None
+  assert resume.resume_problem(SAVED, digits(**overrides), step) is None
 
 
 def test_a_run_does_not_resume_with_another_config():
   now = digits(**{'sync.local_sgd.period': 8, 'optimizer.learning_rate': 0.05})
-  assert trainer.resume_problem(SAVED, now, 10) == (
+  assert resume.resume_problem(SAVED, now, 10) == (
     'its config differs in 2 key(s): optimizer.learning_rate 0.1 → 0.05, '
     'sync.local_sgd.period 4 → 8'
   )
   now = digits(**{'sync.method': 'local_sgd', 'steps': 40, 'workers': 4})
-  assert trainer.resume_problem(SAVED, now, 20) == (
+  assert resume.resume_problem(SAVED, now, 20) == (
     'its config differs in 1 key(s): sync.method "allreduce" → "local_sgd"'
   )
   added = {**digits(), 'new_key': 1}  # a key one side does not have
-  assert 'new_key null → 1' in trainer.resume_problem(SAVED, added, 10)
+  assert 'new_key null → 1' in resume.resume_problem(SAVED, added, 10)
 
 
 def test_a_finished_run_does_not_pass_for_other_workers_or_fewer_steps():
-  message = trainer.resume_problem(SAVED, digits(workers=16), 20)
+  message = resume.resume_problem(SAVED, digits(workers=16), 20)
   assert message == (
     'it is a finished run of workers=8, devices=0: nothing is left to train with '
     'workers=16, devices=0 (raise config.steps above 20 to go on with those)'
   )
-  assert 'finished run of workers=8, devices=0' in trainer.resume_problem(
+  assert 'finished run of workers=8, devices=0' in resume.resume_problem(
     SAVED, digits(devices=2), 20
   )
   # the checkpoint's own record of its workers wins over a config that does not say
-  assert 'finished run of workers=4' in trainer.resume_problem(SAVED, digits(), 20, 4)
-  assert trainer.resume_problem(SAVED, digits(steps=10), 20) == 'it is past config.steps=10'
-  assert trainer.resume_problem(None, digits(workers=16), 20, 8).startswith('it is a finished')
+  assert 'finished run of workers=4' in resume.resume_problem(SAVED, digits(), 20, 4)
+  assert resume.resume_problem(SAVED, digits(steps=10), 20) == 'it is past config.steps=10'
+  assert resume.resume_problem(None, digits(workers=16), 20, 8).startswith('it is a finished')
 
 
 def test_check_resume_reads_the_config_json_of_a_checkpoint_that_does_not_record_it(tmp_path):
@@ -76,7 +76,7 @@ def test_check_resume_reads_the_config_json_of_a_checkpoint_that_does_not_record
   before = sorted(p.name for p in tmp_path.rglob('*'))
   config = factory.load_config(f'{REPO}/configs/digits.py:runlocal', **{'model.name': 'mlp'})
   with pytest.raises(factory.ConfigError) as e:
-    trainer.check_resume(factory.record(config), str(tmp_path))
+    resume.check_resume(factory.record(config), str(tmp_path))
   assert str(e.value) == (
     f'cannot resume from the checkpoint at step 20 in {tmp_path}: its config differs in 1 '
     'key(s): model.name "cnn" → "mlp"; resume with the config that wrote it, or start afresh '
@@ -84,16 +84,16 @@ def test_check_resume_reads_the_config_json_of_a_checkpoint_that_does_not_record
   )
   assert sorted(p.name for p in tmp_path.rglob('*')) == before
   runlocal = factory.load_config(f'{REPO}/configs/digits.py:runlocal')
-  trainer.check_resume(factory.record(runlocal), str(tmp_path))
-  trainer.check_resume(factory.record(config), str(tmp_path / 'nothing_here'))  # a new run
+  resume.check_resume(factory.record(runlocal), str(tmp_path))
+  resume.check_resume(factory.record(config), str(tmp_path / 'nothing_here'))  # a new run
 
 
 def test_clear_run_removes_what_a_run_wrote_and_nothing_else(tmp_path):
-  for name in trainer.RUN_FILES:
+  for name in resume.RUN_FILES:
     if '.' in name:
       (tmp_path / name).write_text('old')
     else:
       os.makedirs(tmp_path / name / 'inside')
   (tmp_path / 'notes.txt').write_text('mine')
-  trainer.clear_run(str(tmp_path))
+  resume.clear_run(str(tmp_path))
   assert sorted(p.name for p in tmp_path.iterdir()) == ['notes.txt']

@@ -349,7 +349,7 @@ def test_streams_proportional_batches_wait_less_than_fixed_ones(tmp_path, data_d
 def test_label_partition_gives_each_worker_its_labels_and_injection_counts_bytes(
   tmp_path, data_dir, monkeypatch
 ):
-  from jaxdist.train import trainer
+  from jaxdist.train import feed
 
   monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
   overrides = {'partition.kind': 'labels', 'partition.labels_per_worker': 1}
@@ -357,13 +357,13 @@ def test_label_partition_gives_each_worker_its_labels_and_injection_counts_bytes
     f'{REPO}/configs/digits.py:runlocal,workers=10', batch_size=160, **overrides
   )
   exp = factory.build(config, str(tmp_path / 'x'))
-  (_, y), injected = trainer.put_batch(exp, 0)
+  (_, y), injected = feed.put_batch(exp, 0)
   labels = [set(np.asarray(row).tolist()) for row in jax.device_get(y)]
   assert all(len(s) == 1 for s in labels) and set().union(*labels) == set(range(10))
   assert not injected.any()
   config.partition.update(inject_alpha=0.5, inject_beta=0.5)
   exp = factory.build(config, str(tmp_path / 'x'))
-  (_, y), injected = trainer.put_batch(exp, 0)
+  (_, y), injected = feed.put_batch(exp, 0)
   # b = 16, K = 10: b' = ceil(16 / 3.5) = 5, share floor(0.5 · 5) = 2, 5 senders;
   # a sender receives 4 · 2 = 8, the others 5 · 2 = 10
   assert sorted(injected.tolist()) == [8] * 5 + [10] * 5
@@ -613,9 +613,9 @@ def test_auto_is_mean_off_the_cpu_only_where_it_is_exact():
 
 def test_a_given_compute_term_is_charged_and_nothing_is_measured(tmp_path, data_dir, monkeypatch):
   """config.network.compute_s stands in for the one-worker measurement in the modelled clock."""
-  from jaxdist.train import trainer
+  from jaxdist.train import calibrate
 
-  monkeypatch.setattr(trainer, 'measure_worker_steps', lambda *a, **k: pytest.fail('measured'))
+  monkeypatch.setattr(calibrate, 'measure_worker_steps', lambda *a, **k: pytest.fail('measured'))
   given = {'network.compute_s': 0.25, 'network.profiles': '1gbps', 'steps': 3}
   summary, records, _ = run_digits(tmp_path, 'given', data_dir, monkeypatch, **given)
   assert summary['worker_step_s'] == 0.25
@@ -629,7 +629,7 @@ def test_a_given_compute_term_is_charged_and_nothing_is_measured(tmp_path, data_
 
 def test_the_compute_term_is_timed_for_the_configured_budget(tmp_path, data_dir, monkeypatch):
   """network.compute_budget_s: the run's one measurement, a quarter of it per candidate."""
-  from jaxdist.train import trainer
+  from jaxdist.train import calibrate
 
   calls = []
 
@@ -637,7 +637,7 @@ def test_the_compute_term_is_timed_for_the_configured_budget(tmp_path, data_dir,
     calls.append((list(candidates), repeats, budget_s))
     return [0.125] * len(candidates)
 
-  monkeypatch.setattr(trainer, 'measure_worker_steps', measure)
+  monkeypatch.setattr(calibrate, 'measure_worker_steps', measure)
   assert config_lib.base().network.compute_budget_s == 2.0
   summary, _, _ = run_digits(tmp_path, 'runlocal', data_dir, monkeypatch, steps=1)
   assert calls == [([None], 20, 0.25)] and summary['worker_step_s'] == 0.125  # runlocal's
