@@ -10,9 +10,9 @@ and its compensations) and `tick_tock`. Wrappers that keep workers in step:
 synchronised their model exactly.
 """
 
+from jaxdist.probes import apply_updates
 from jaxdist.sync.accumulate import AccumulateState, accumulate
 from jaxdist.sync.allreduce import AllReduceState, allreduce
-from jaxdist.sync.apply import apply_updates
 from jaxdist.sync.bucketing import BucketedState, bucketed_allreduce
 from jaxdist.sync.compressed import CompressedState, compressed_allreduce, local_clip
 from jaxdist.sync.delay_tolerant import DelayedState, cd_sgd, od_sgd, ssd_sgd

@@ -92,6 +92,8 @@ class CompressedState(NamedTuple):
       Without `ratios`, [1]: the gain of what was sent. Per-worker.
   """
 
+  PROBES = ('norms', 'gains')  # the train step's metrics (`jaxdist.probes`)
+
   count: jax.Array
   key: jax.Array
   residual: tuple

@@ -27,6 +27,8 @@ class DiLoCoState(NamedTuple):
       is the model every worker takes now. Replicated.
   """
 
+  SYNCED_MODEL = ('anchor', 'just_synced')  # what `jd.sync.apply_updates` puts in
+
   count: jax.Array
   synced: jax.Array
   anchor: Any

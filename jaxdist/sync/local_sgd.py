@@ -32,6 +32,8 @@ class LocalSGDState(NamedTuple):
       the model every worker takes now. Replicated.
   """
 
+  SYNCED_MODEL = ('anchor', 'just_synced')  # what `jd.sync.apply_updates` puts in
+
   count: jax.Array
   synced: jax.Array
   anchor: Any

@@ -135,6 +135,8 @@ class PredictionState(NamedTuple):
     weights: the true (unpredicted) weights. Per-worker.
   """
 
+  TRAINED = 'weights'  # what evaluation reads (`jaxdist.probes`)
+
   weights: Any
 
 

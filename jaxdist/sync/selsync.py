@@ -31,6 +31,8 @@ class SelSyncState(NamedTuple):
       the model every worker takes now. Replicated.
   """
 
+  SYNCED_MODEL = ('anchor', 'just_synced')  # what `jd.sync.apply_updates` puts in
+
   count: jax.Array
   synced: jax.Array
   inner: Any

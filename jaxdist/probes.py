@@ -1,15 +1,27 @@
-"""Applying updates so that the workers that synchronised hold one model, bitwise.
+"""What the code around an optax chain reads from its state, as the states' classes declare it.
 
-A model-synchronising transform (`local_sgd`, `diloco`, `selsync`) moves
-worker n from its model w_n to the synchronised model m with the update
-u_n = m − w_n, but w_n + (m − w_n) is not always m in floating point:
-after `optax.apply_updates` the workers' models differ from m, and from each
-other, by a rounding (up to an ulp of max(|w_n|, |m|) in some of the
-elements). No choice of u_n avoids it: where |m| is much smaller than
-|w_n| (workers of opposite signs), w_n + u_n lies on the coarser grid of
-w_n's magnitude, which may not hold m. So these transforms keep m in their
-state (`anchor`) with a flag saying whether the last update synchronised
-(`just_synced`), and `apply_updates` puts m in.
+The training step knows no particular transform: a state class says what it
+holds for others by class attributes (plain assignments, not fields):
+
+- `PROBES = ('norms', 'gains')`: fields the train step reports as metrics
+  (`metrics`; `jd.sync.compressed_allreduce`'s per-worker gain ingredients).
+- `TRAINED = 'weights'`: the field holding the weights being trained, where
+  the chain hands the model others (`trained_params`;
+  `jd.sync.linear_weight_prediction`).
+- `SYNCED_MODEL = ('anchor', 'just_synced')`: the fields holding the
+  synchronised model and whether the last update synchronised
+  (`apply_updates`; `local_sgd`, `diloco`, `selsync`).
+
+Applying updates so that the workers that synchronised hold one model,
+bitwise: a model-synchronising transform moves worker n from its model w_n
+to the synchronised model m with the update u_n = m − w_n, but w_n + (m − w_n)
+is not always m in floating point: after `optax.apply_updates` the workers'
+models differ from m, and from each other, by a rounding (up to an ulp of
+max(|w_n|, |m|) in some of the elements). No choice of u_n avoids it: where
+|m| is much smaller than |w_n| (workers of opposite signs), w_n + u_n lies
+on the coarser grid of w_n's magnitude, which may not hold m. So these
+transforms keep m in their state with a flag saying whether the last update
+synchronised, and `apply_updates` puts m in.
 """
 
 from __future__ import annotations
@@ -21,17 +33,23 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from jaxdist.sync.diloco import DiLoCoState
-from jaxdist.sync.local_sgd import LocalSGDState
-from jaxdist.sync.selsync import SelSyncState
 
-MODEL_SYNC_STATES = (LocalSGDState, DiLoCoState, SelSyncState)
+def declaring(tree: Any, attribute: str) -> list[Any]:
+  """The states in `tree` whose class declares `attribute`, in tree order."""
+  declares = lambda x: getattr(type(x), attribute, None) is not None
+  return [s for s in jax.tree.leaves(tree, is_leaf=declares) if declares(s)]
 
 
-def model_sync_states(opt_state: Any) -> list[Any]:
-  """The states of the model-synchronising transforms in `opt_state`, in tree order."""
-  is_sync = lambda x: isinstance(x, MODEL_SYNC_STATES)
-  return [s for s in jax.tree.leaves(opt_state, is_leaf=is_sync) if is_sync(s)]
+def metrics(opt_state: Any) -> dict[str, jax.Array]:
+  """The fields the last state in `opt_state` declaring `PROBES` names, by name ({} if none)."""
+  found = declaring(opt_state, 'PROBES')
+  return {name: getattr(found[-1], name) for name in found[-1].PROBES} if found else {}
+
+
+def trained_params(params: optax.Params, opt_state: Any) -> optax.Params:
+  """The weights being trained: the last `TRAINED` field in `opt_state`, else `params`."""
+  found = declaring(opt_state, 'TRAINED')
+  return getattr(found[-1], found[-1].TRAINED) if found else params
 
 
 def apply_updates(params: optax.Params, updates: optax.Updates, opt_state: Any) -> optax.Params:
@@ -79,15 +97,14 @@ def apply_updates(params: optax.Params, updates: optax.Updates, opt_state: Any) 
     [0.05000000074505806, 0.05000000074505806]
   """
   new = optax.apply_updates(params, updates)
-  for state in model_sync_states(opt_state):
+  for state in declaring(opt_state, 'SYNCED_MODEL'):
     new = _put_in(new, state)
   return new
 
 
 def _put_in(new: optax.Params, state: Any) -> optax.Params:
   """`new`, with `state`'s synchronised model in the leaves it holds if its last update synced."""
+  model, flag = (getattr(state, name) for name in state.SYNCED_MODEL)
   held = lambda a: not isinstance(a, optax.MaskedNode)
-  synced = jax.tree.map(
-    lambda n, a: jnp.asarray(a).astype(n.dtype) if held(a) else n, new, state.anchor
-  )
-  return lax.cond(state.just_synced, lambda: synced, lambda: new)
+  synced = jax.tree.map(lambda n, a: jnp.asarray(a).astype(n.dtype) if held(a) else n, new, model)
+  return lax.cond(flag, lambda: synced, lambda: new)
