@@ -2,8 +2,7 @@
 
 `Host` runs the chain of host controllers (`jd.control.host`) that plans
 every step (per-worker batches, the ratio candidate) and observes its
-record; `Noise` measures Scavenger's gradient-noise indicator beside
-training.
+record, beside the gradient-noise meter (`jaxdist.train.noise`).
 """
 
 from __future__ import annotations
@@ -17,53 +16,9 @@ import numpy as np
 from jaxdist import control
 from jaxdist.faults import inject
 from jaxdist.train import ledger
-from jaxdist.train import step as step_lib
-from jaxdist.train.experiment import Experiment
 from jaxdist.train.feed import put_batch
+from jaxdist.train.noise import Noise
 from jaxdist.train.steplog import Clock, StepLog
-
-
-class Noise:
-  """Scavenger's gradient-noise indicator γ, measured every `exp.noise_every` steps.
-
-  `jd.train.step.make_noise_step` computes mean_k ‖g_k‖² and ‖ḡ‖² on the
-  step's batch at the workers' current parameters, beside training; a host
-  `jd.control.noise_meter` smooths each, and γ is their ratio (>= 1; K if orthogonal).
-  """
-
-  def __init__(self, exp: Experiment):
-    self.exp, self.every = exp, exp.noise_every
-    self.meter = control.noise_meter(exp.noise_decay)
-    self.state = self.meter.init()
-    self.step = None
-    if self.every:
-      self.step = step_lib.make_noise_step(
-        exp.model, exp.workers, counted=exp.counted, per_worker=exp.way_asked
-      )
-
-  def measure(self, t: int, state, batch: tuple[jax.Array, ...], clock: Clock) -> dict[str, float]:
-    """The record's noise fields at step t (0-based), if it is measured; else {}.
-
-    The steps before it finish on the clock; the measurement is off it. A
-    measurement that is not finite (a run that diverged) is recorded but not
-    smoothed in: the run goes on and its loss says what happened.
-    """
-    if not self.every or t % self.every:
-      return {}
-    jax.block_until_ready(state)
-    with clock.paused():
-      args = batch[: 3 if self.exp.counted else 2]
-      worker_sq, mean_sq = jax.device_get(self.step(state, *args))
-    if np.isfinite(worker_sq) and np.isfinite(mean_sq):
-      self.state = self.meter.update(self.state, worker_sq, mean_sq)
-    return {'noise_worker_sq': float(worker_sq), 'noise_mean_sq': float(mean_sq), **self.summary()}
-
-  def summary(self) -> dict[str, float]:
-    if not self.state.count:
-      return {}
-    k = self.exp.workers.count
-    gamma = control.scavenger.gamma(self.state)
-    return {'gamma': gamma, 'gamma_normalized': gamma / k}
 
 
 class Host:

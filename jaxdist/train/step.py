@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P
 from jaxdist import comm, probes
 from jaxdist.models.masked import masked_mean
 from jaxdist.runtime import DATA, SIM, Workers
-from jaxdist.train import xla_cpu
+from jaxdist.train import ways, xla_cpu
 
 
 class TrainState(NamedTuple):
@@ -183,12 +183,75 @@ def _metrics(loss: jax.Array, accuracy: jax.Array | None) -> dict[str, jax.Array
   return {'loss': loss} if accuracy is None else {'loss': loss, 'accuracy': accuracy}
 
 
-# make_train_step's ways of running a device's simulated workers; TOGETHER run them at once
-PER_WORKER = ('auto', 'vmap', 'loop', 'shared', 'mean', 'device')
-TOGETHER = ('vmap', 'shared', 'mean', 'device')
-MEAN_GRADIENT = ('mean', 'device')  # every worker of a device is handed one mean gradient
-# the ways as an error message lists them: "'auto', ... or 'device'"
-WAYS = ', '.join(map(repr, PER_WORKER[:-1])) + f' or {PER_WORKER[-1]!r}'
+def _accuracy(logits, y, *count):
+  if not _classes(logits, y):
+    return None
+  correct = (jnp.argmax(logits, -1) == y).astype(jnp.float32)
+  return masked_mean(correct, *count) if count else jnp.mean(correct)
+
+
+def _gradients(model, loss, params, model_state, x, y, *count):
+  """One worker's (gradient, new model state, loss, accuracy)."""
+  grad_fn = jax.value_and_grad(loss_fn, argnums=1, has_aux=True)
+  (mean, (logits, model_state)), grads = grad_fn(
+    model, params, model_state, x, y, True, *count, loss=loss
+  )
+  return grads, model_state, mean, _accuracy(logits, y, *count)
+
+
+def _mean_gradient(model, loss, params, model_state, x, y):
+  """(the device's mean gradient, the workers' model states, losses, accuracies)."""
+
+  def mean_loss(first):
+    one = lambda ms, x, y: loss_fn(model, first, ms, x, y, True, loss=loss)
+    losses, (logits, new_state) = jax.vmap(one)(model_state, x, y)
+    return jnp.mean(losses), (losses, logits, new_state)
+
+  first = jax.tree.map(lambda p: p[0], params)
+  (_, (losses, logits, model_state)), grad = jax.value_and_grad(mean_loss, has_aux=True)(first)
+  return grad, model_state, losses, jax.vmap(_accuracy)(logits, y)
+
+
+def _update(tx, grads, opt_state, params, tx_args, *extra):  # extra: (count[, scale])
+  """The chain's update of one worker, applied (`jaxdist.probes.apply_updates`)."""
+  kwargs = {'weight': extra[0]} if extra else {}
+  updates, opt_state = tx.update(grads, opt_state, params, **kwargs, **tx_args)
+  if len(extra) > 1:
+    updates = jax.tree.map(lambda u: u * extra[1].astype(u.dtype), updates)
+  return probes.apply_updates(params, updates, opt_state), opt_state
+
+
+def _check_way(per_worker: str, counted: bool, staggered: bool, tx) -> None:
+  """Raises ValueError where `per_worker` contradicts `counted`, `staggered` or `tx`."""
+  if per_worker not in PER_WORKER:
+    raise ValueError(f'per_worker must be {WAYS}, got {per_worker!r}')
+  if counted and per_worker in MEAN_GRADIENT:
+    raise ValueError(
+      f'per_worker={per_worker!r} hands every worker one mean gradient: not with counted'
+      if not isinstance(tx, SplitChain)
+      else "per_worker='device' with a SplitChain takes uniform batches: not with counted"
+    )
+  if staggered and per_worker in TOGETHER:
+    raise ValueError(
+      f'staggered runs workers one after the other: per_worker={per_worker!r} contradicts it'
+    )
+
+
+def _split_step(way: ways.Pass, chain, worker_chain, state: TrainState, x, y):
+  """A `SplitChain`'s parts: per worker up to the seam, then once for the device's model."""
+  model = jax.tree.map(lambda p: p[0], state.params)
+  grads, model_state, loss, accuracy = ways.worker_gradients(way, model, state.model_state, x, y)
+  worker_state, device_state = state.opt_state
+  averaged, worker_state = worker_chain(grads, worker_state, model)
+  averaged = jax.tree.map(lambda u: u[:1], averaged)  # every worker's is the same average
+  params, device_state = chain(averaged, device_state, state.params, {})
+  state = TrainState(params, model_state, (worker_state, device_state))
+  return state, _metrics(loss, accuracy)
+
+
+# `per_worker`'s values (`jaxdist.train.ways`)
+PER_WORKER, TOGETHER, MEAN_GRADIENT = ways.PER_WORKER, ways.TOGETHER, ways.MEAN_GRADIENT
+WAYS = ways.NAMES
 
 
 def make_train_step(
@@ -203,7 +266,7 @@ def make_train_step(
   """A jitted `(state, x_WxBx..., y_WxB[, counts_W[, scale_W]]) -> (state, metrics)`; donates state.
 
   The model and loss (the same for `make_init`, `make_eval_step`,
-  `make_noise_step` and `make_reference_step`):
+  `jaxdist.train.noise.make_noise_step` and `make_reference_step`):
 
   - `model` is a Flax module whose `__call__(x_Bx...)` returns the outputs
     of a batch, `outputs_Bx...` (e.g. logits). If `__call__` has an argument
@@ -229,64 +292,8 @@ def make_train_step(
   How the simulated workers of a device compute their gradients is
   `per_worker`:
 
-  - `'vmap'`: together, one batched program. Every worker has its own
-    weights, so each convolution becomes a grouped convolution, which XLA
-    runs far slower than a dense one (on the CPU, 8 workers on one device at
-    a third of the samples/s of one plain batch: `experiments/bench_step.py`).
-  - `'loop'`: one after the other (`lax.map`, one loop body whatever the
-    number of workers), each worker's convolutions dense; only one worker's
-    activations are alive at a time. On the CPU the convolutions in the loop
-    are given the NHWC/HWIO layout that XLA's CPU backend needs to call its
-    Eigen kernels (it rewrites layouts only outside loops; see `xla_cpu.conv_rule`),
-    and the chain's sums over workers are written as dots (`xla_cpu.sum_rows`).
-  - `'shared'`: together, like `'vmap'`, but every worker's pass reads the
-    weights of the device's first worker: the forward and input-gradient
-    convolutions are dense ones over all the device's examples, and only
-    the weight gradients (one per worker) stay grouped. Correct only for
-    methods whose workers hold one model (all-reduce, compressed all-reduce,
-    PowerSGD: the same update on every worker); with local SGD, DiLoCo,
-    gossip or stale methods the workers' weights differ and it would train
-    the wrong model. Opt-in: `'auto'` never picks it.
-  - `'mean'`: for chains that see the workers' gradients only through their
-    equal-weight sum (all-reduce; PowerSGD, linear in that sum). One
-    backward pass of the mean of the device's workers' losses, with one
-    copy of the weights: every convolution is dense, as in one batch. Each
-    worker is handed the device's mean gradient, so the sum over all
-    workers is that of every worker's own gradient (to float
-    reassociation). Per-worker batch-norm statistics, losses and accuracies
-    stay per worker. Wrong for anything that treats a worker's own gradient
-    nonlinearly (Top-k or quantisation, clipping, weights per worker): not
-    with `counted`. This function's `'auto'` never
-    picks it; the trainer's does off the CPU where it is exact
-    (`jaxdist.train.factory.per_worker`).
-  - `'device'`: `'mean'`'s gradient, and one model per device in the train
-    state (`make_init(..., per_worker='device')`): the chain runs once per
-    device, on the device's mean gradient, under a `vmap` of one (so its
-    collectives over the worker axes sum over devices, and a mean over them
-    is the mean over workers, the devices holding equal numbers). A device's
-    workers' batch-norm statistics are averaged into its one copy, which is
-    what the evaluation's mean over workers sees in the other ways (the
-    running averages are linear). The state's memory does not grow with the
-    simulated workers. Exact where `'mean'` is and the chain's means over
-    workers are means (tested: plain all-reduce with momentum, PowerSGD,
-    whose one residual per device is the mean of its workers'). Not with `counted` or
-    per-worker keyword arguments; `wire` counts a device's transfers once
-    per worker, as the other ways do. The trainer uses it where
-    `config.sync.per_worker='device'`; it resumes only a checkpoint of the
-    same workers, devices and per_worker (no elastic resizing).
-    With a `SplitChain` (compressed all-reduce with error feedback: each
-    worker compresses its own gradient, so no mean will do), each worker's
-    gradient is taken at the device's one model (one after the other on
-    the CPU, as `'loop'`; together with the weights shared elsewhere, as
-    `'shared'`) and the chain's `workers` part runs per worker, with its
-    state (residuals) per worker; every worker gets the same average back
-    from its collective, and the `device` part (the optimizer) runs once on
-    it for the device's one model. The state holds a model and optimizer
-    state per device and only what the method keeps per worker (tested
-    against `'vmap'` and `'loop'` on the CPU: Top-k, and DGC with momentum
-    correction and warm-up, with error feedback and SGD momentum; the
-    gradients' path off the CPU, `vmap` over workers with the weights
-    shared, has not been run on an accelerator).
+  - `'vmap'`, `'loop'`, `'shared'`, `'mean'` or `'device'`: see
+    `jaxdist.train.ways`, which says what each costs and where it is exact.
   - `'auto'` (default): `'loop'` on the CPU when a device holds more than one
     worker, else `'vmap'`.
 
@@ -318,94 +325,15 @@ def make_train_step(
   the devices in one all-gather, beside the chain's own collectives.
   """
 
-  def accuracy_of(logits, y, *count):
-    if not _classes(logits, y):
-      return None
-    correct = (jnp.argmax(logits, -1) == y).astype(jnp.float32)
-    return masked_mean(correct, *count) if count else jnp.mean(correct)
-
-  def gradients(params, model_state, x, y, *count):
-    grad_fn = jax.value_and_grad(loss_fn, argnums=1, has_aux=True)
-    (mean, (logits, model_state)), grads = grad_fn(
-      model, params, model_state, x, y, True, *count, loss=loss
-    )
-    return grads, model_state, mean, accuracy_of(logits, y, *count)
-
-  def update(grads, opt_state, params, tx_args, *extra, tx=tx):  # extra: (count[, scale])
-    kwargs = {'weight': extra[0]} if extra else {}
-    updates, opt_state = tx.update(grads, opt_state, params, **kwargs, **tx_args)
-    if len(extra) > 1:
-      updates = jax.tree.map(lambda u: u * extra[1].astype(u.dtype), updates)
-    return probes.apply_updates(params, updates, opt_state), opt_state
-
-  def mean_gradient(params, model_state, x, y):
-    """(the device's mean gradient, the workers' model states, losses, accuracies)."""
-
-    def mean_loss(first):
-      one = lambda ms, x, y: loss_fn(model, first, ms, x, y, True, loss=loss)
-      losses, (logits, new_state) = jax.vmap(one)(model_state, x, y)
-      return jnp.mean(losses), (losses, logits, new_state)
-
-    first = jax.tree.map(lambda p: p[0], params)
-    (_, (losses, logits, model_state)), grad = jax.value_and_grad(mean_loss, has_aux=True)(first)
-    return grad, model_state, losses, jax.vmap(accuracy_of)(logits, y)
-
-  def mean_gradients(params, model_state, x, y):
-    """`mean_gradient`, handed to each of the device's workers."""
-    grad, *rest = mean_gradient(params, model_state, x, y)
-    return jax.tree.map(lambda g: jnp.broadcast_to(g, (y.shape[0], *g.shape)), grad), *rest
-
-  def spread(t, workers_here: int):
-    return jax.tree.map(lambda a: jnp.broadcast_to(a, (workers_here, *a.shape[1:])), t)
-
-  def gathered(model_state):  # the device's workers' statistics, averaged into its one copy
-    return jax.tree.map(lambda a: jnp.mean(a, axis=0, keepdims=True).astype(a.dtype), model_state)
-
-  def device_model_gradient(state: TrainState, x, y):
-    """`mean_gradient` from the device's one model; its workers' statistics averaged into it."""
-    model_state = spread(state.model_state, y.shape[0])
-    grad, model_state, loss, accuracy = mean_gradient(state.params, model_state, x, y)
-    return jax.tree.map(lambda g: g[None], grad), gathered(model_state), loss, accuracy
-
-  def device_worker_gradients(model, model_state, x, y):
-    """Each worker's gradient at the device's one model; their statistics averaged into it."""
-    args = (spread(model_state, y.shape[0]), x, y)
-    if on_cpu:  # one after the other, each convolution dense (as 'loop')
-      grads, model_state, loss, accuracy = jax.lax.map(lambda a: one_worker(model, *a), args)
-    else:  # together, every pass reading the one copy of the weights (as 'shared')
-      grads, model_state, loss, accuracy = jax.vmap(gradients, (None, 0, 0, 0))(model, *args)
-    return grads, gathered(model_state), loss, accuracy
-
-  def split_step(state: TrainState, x, y):
-    """The `SplitChain`'s parts: per worker up to the seam, then once for the device's model."""
-    model = jax.tree.map(lambda p: p[0], state.params)
-    grads, model_state, loss, accuracy = device_worker_gradients(model, state.model_state, x, y)
-    worker_state, device_state = state.opt_state
-    averaged, worker_state = worker_chain(grads, worker_state, model)
-    averaged = jax.tree.map(lambda u: u[:1], averaged)  # every worker's is the same average
-    params, device_state = chain(averaged, device_state, state.params, {})
-    state = TrainState(params, model_state, (worker_state, device_state))
-    return state, _metrics(loss, accuracy)
-
-  if per_worker not in PER_WORKER:
-    raise ValueError(f'per_worker must be {WAYS}, got {per_worker!r}')
-  if counted and per_worker in MEAN_GRADIENT:
-    raise ValueError(
-      f'per_worker={per_worker!r} hands every worker one mean gradient: not with counted'
-      if not isinstance(tx, SplitChain)
-      else "per_worker='device' with a SplitChain takes uniform batches: not with counted"
-    )
-  if staggered and per_worker in TOGETHER:
-    raise ValueError(
-      f'staggered runs workers one after the other: per_worker={per_worker!r} contradicts it'
-    )
+  _check_way(per_worker, counted, staggered, tx)
   on_cpu = workers.mesh.devices.flat[0].platform == 'cpu'
   if per_worker == 'auto':
     per_worker = 'loop' if on_cpu and workers.per_device > 1 else 'vmap'
   one_model = per_worker == 'device'
   split = one_model and isinstance(tx, SplitChain)
+  gradients = functools.partial(_gradients, model, loss)
   one_worker = gradients
-  chain = jax.vmap(functools.partial(update, tx=tx.device if split else tx), axis_name=SIM)
+  chain = jax.vmap(functools.partial(_update, tx.device if split else tx), axis_name=SIM)
   worker_chain = None
   if split:  # the workers part's own update: each worker's average, no weights applied
     worker_chain = jax.vmap(tx.workers.update, in_axes=(0, 0, None), axis_name=SIM)
@@ -415,26 +343,15 @@ def make_train_step(
       worker_chain = xla_cpu.rewritten(worker_chain, xla_cpu.sum_rule)
     else:
       chain = xla_cpu.rewritten(chain, xla_cpu.sum_rule)
+  mean_gradient = functools.partial(_mean_gradient, model, loss)
+  way = ways.Pass(gradients, mean_gradient, one_worker, on_cpu)
+  pass_of = ways.WAYS['staggered' if staggered else per_worker]
 
   def device_step(state: TrainState, x, y, tx_args, *extra):  # leading: this device's workers
     if split:
-      return split_step(state, x, y)
+      return _split_step(way, chain, worker_chain, state, x, y)
     args = (state.params, state.model_state, x, y, *extra[:1])
-    if staggered:
-      wave = jax.checkpoint(lambda args: one_worker(*args))
-      grads, model_state, loss, accuracy = jax.lax.map(wave, args)
-    elif per_worker == 'loop':
-      grads, model_state, loss, accuracy = jax.lax.map(lambda args: one_worker(*args), args)
-    elif per_worker == 'mean':  # one backward pass of the workers' mean loss
-      grads, model_state, loss, accuracy = mean_gradients(*args)
-    elif per_worker == 'device':  # that, and the chain once, for the device's one model
-      grads, model_state, loss, accuracy = device_model_gradient(state, x, y)
-    elif per_worker == 'shared':  # one model: the first worker's weights, unbatched
-      first = jax.tree.map(lambda p: p[0], state.params)
-      in_axes = (None,) + (0,) * (len(args) - 1)
-      grads, model_state, loss, accuracy = jax.vmap(gradients, in_axes)(first, *args[1:])
-    else:
-      grads, model_state, loss, accuracy = jax.vmap(gradients)(*args)
+    grads, model_state, loss, accuracy = pass_of(way, state, args)
     params, opt_state = chain(grads, state.opt_state, state.params, tx_args, *extra)
     return TrainState(params, model_state, opt_state), _metrics(loss, accuracy)
 
@@ -455,22 +372,8 @@ def make_train_step(
     if split and comm.find_transfers(state.opt_state[1]):
       raise ValueError("a SplitChain's device part runs once per device: it must not communicate")
     state, per_worker = mapped(state, x, y, tx_args, *extra)
-    parts = _parts(state.opt_state, workers.per_device if one_model else 1, split)
-    wire = [[t.count for t in comm.find_transfers(part)] for part, _ in parts]
-    # every per-worker figure replicated by one all-gather, not one collective each
-    per_worker, counts, wire, probed = _replicated_together(
-      (per_worker, extra[:1], wire, probes.metrics(state.opt_state)), workers.replicated
-    )
-    if counts:  # a mean over examples: workers weighted by their batches
-      w = counts[0].astype(jnp.float32) / jnp.maximum(jnp.sum(counts[0]), 1)
-      metrics = {k: jnp.sum(v * w) for k, v in per_worker.items()}
-    else:
-      metrics = {k: jnp.mean(v) for k, v in per_worker.items()}
-    metrics['wire'] = tuple(
-      jnp.sum(c) * runs for cs, (_, runs) in zip(wire, parts, strict=True) for c in cs
-    )
-    metrics.update(probed)
-    return state, metrics
+    runs = workers.per_device if one_model else 1  # a device's transfer runs once per worker
+    return state, _replicated_metrics(state, per_worker, extra[:1], workers, runs, split)
 
   return jax.jit(
     step,
@@ -479,59 +382,26 @@ def make_train_step(
   )
 
 
-def make_noise_step(
-  model: nn.Module,
-  workers: Workers,
-  counted: bool = False,
-  per_worker: str = 'auto',
-  loss: Loss = cross_entropy,
-) -> Callable[..., tuple[jax.Array, jax.Array]]:
-  """A jitted `(state, x, y[, counts]) -> (mean_k ‖g_k‖², ‖ḡ‖²)`: Scavenger's noise ingredients.
-
-  Each worker's gradient g_k of its loss on its batch at its own parameters
-  (the gradient the train step would compute on the same batch), and the
-  aggregated gradient ḡ (the mean over workers; with `counted`, weighted
-  by the counts, as `weighted_allreduce` aggregates). The numerator is the
-  plain mean (1/K) Σ_k ‖g_k‖², as Eq. 2 of Scavenger writes it. With equal
-  weights γ = numerator / denominator ≥ 1: 1 when the workers' gradients
-  agree, K when they are orthogonal, and more than K when they point
-  against each other (non-IID shards do: digits with one label per worker
-  gives γ/K ≈ 3).
-
-  A measurement beside training, not part of it: it runs a forward and
-  backward pass of its own and one all-reduce that the ledger does not
-  count (the trainer runs it every `config.noise_every` steps, off the
-  clock). With `per_worker='device'` the state holds one model per device
-  (`make_init`), and each worker's gradient is taken at its device's.
-  """
-
-  def one(params, model_state, x, y, *count):
-    mean = lambda p: loss_fn(model, p, model_state, x, y, True, *count, loss=loss)[0]
-    grads = jax.grad(mean)(params)
-    return grads, optax.tree.norm(grads, squared=True)
-
-  def device(state: TrainState, x, y, *counts):
-    replica, axis = (state.params, state.model_state), 0
-    if per_worker == 'device':  # the device's one model, every worker's
-      replica, axis = jax.tree.map(lambda a: a[0], replica), None
-    in_axes = (axis, axis, *(0 for _ in (x, y, *counts)))
-    grads, sq = jax.vmap(one, in_axes)(*replica, x, y, *counts)
-    w = counts[0].astype(jnp.float32) if counts else jnp.ones(sq.shape, jnp.float32)
-    weighted = jax.tree.map(lambda g: jnp.tensordot(w, g.astype(jnp.float32), axes=1), grads)
-    sq_sum, w_sum, g_sum = jax.lax.psum((jnp.sum(sq), jnp.sum(w), weighted), DATA)
-    mean = jax.tree.map(lambda g: g / jnp.maximum(w_sum, 1e-30), g_sum)
-    return sq_sum / workers.count, optax.tree.norm(mean, squared=True)
-
-  mapped = jax.shard_map(
-    device, mesh=workers.mesh, in_specs=P(DATA), out_specs=P(), check_vma=False
+def _replicated_metrics(state: TrainState, per_worker, counts, workers: Workers, per_entry: int,
+                        split: bool) -> dict[str, Any]:  # fmt: skip
+  """The step's metrics, replicated: the per-worker ones averaged (over examples, with
+  `counts`), the transfers' runs (`wire`) and the chain's probes (`jaxdist.probes`)."""
+  parts = _parts(state.opt_state, per_entry, split)
+  wire = [[t.count for t in comm.find_transfers(part)] for part, _ in parts]
+  # every per-worker figure replicated by one all-gather, not one collective each
+  per_worker, counts, wire, probed = _replicated_together(
+    (per_worker, counts, wire, probes.metrics(state.opt_state)), workers.replicated
   )
-
-  def noise(state, x, y, *counts):
-    if counted != bool(counts):
-      raise ValueError(f'this step was made with counted={counted}: pass counts iff counted')
-    return mapped(state, x, y, *counts)
-
-  return jax.jit(noise, out_shardings=workers.replicated)
+  if counts:  # a mean over examples: workers weighted by their batches
+    w = counts[0].astype(jnp.float32) / jnp.maximum(jnp.sum(counts[0]), 1)
+    metrics = {k: jnp.sum(v * w) for k, v in per_worker.items()}
+  else:
+    metrics = {k: jnp.mean(v) for k, v in per_worker.items()}
+  metrics['wire'] = tuple(
+    jnp.sum(c) * runs for cs, (_, runs) in zip(wire, parts, strict=True) for c in cs
+  )
+  metrics.update(probed)
+  return metrics
 
 
 def _parts(opt_state, runs: int, split: bool) -> list[tuple[Any, int]]:

@@ -8,6 +8,7 @@ import pytest
 from jaxdist import comm, data, models, netmodel, runtime
 from jaxdist.train import checkpoint, factory, ledger
 from jaxdist.train import config as config_lib
+from jaxdist.train import noise as noise_lib
 from jaxdist.train import step as step_lib
 
 from conftest import REPO, Driven, run_digits
@@ -234,7 +235,7 @@ def test_noise_step_is_mean_worker_norm_and_norm_of_the_mean(digits, workers, de
   )
   xs, ys = digits.normalize(digits.train.images[idx]), digits.train.labels[idx]
   put = lambda a: jax.device_put(a, layout.sharding)
-  num, den = step_lib.make_noise_step(model, layout)(state, put(xs), put(ys))
+  num, den = noise_lib.make_noise_step(model, layout)(state, put(xs), put(ys))
   params = jax.tree.map(lambda a: np.asarray(a[0]), state.params)
   flat = []
   for k in range(workers):
@@ -253,13 +254,13 @@ def test_noise_of_workers_with_the_same_batch_is_one_and_counts_weight_the_mean(
   xs = np.repeat(digits.normalize(digits.train.images[:4])[None], 8, axis=0)
   ys = np.repeat(digits.train.labels[:4][None], 8, axis=0)
   put = lambda a: jax.device_put(a, layout.sharding)
-  num, den = step_lib.make_noise_step(model, layout)(state, put(xs), put(ys))
+  num, den = noise_lib.make_noise_step(model, layout)(state, put(xs), put(ys))
   np.testing.assert_allclose(float(num) / float(den), 1.0, rtol=1e-5)  # γ = 1: all agree
   # counted: worker 0 trains on 4 examples, the rest on 0: the mean is worker 0's gradient
   counts = put(np.array([4, 0, 0, 0, 0, 0, 0, 0], np.int32))
   ys2 = ys.copy()
   ys2[1:] = (ys2[1:] + 1) % 10  # the others' labels differ, but they count for nothing
-  noise = step_lib.make_noise_step(model, layout, counted=True)
+  noise = noise_lib.make_noise_step(model, layout, counted=True)
   _, den_w = noise(state, put(xs), put(ys2), counts)
   np.testing.assert_allclose(float(den_w), float(den), rtol=1e-5)
 
