@@ -8,30 +8,26 @@ and warm-up call of each, the functions are timed in `--rounds` interleaved
 rounds (every function once per round, in a shuffled order) and the median is
 reported, which keeps a noisy machine's drift out of the ratios.
 
-The earlier implementations beside the current ones, in the same rounds: rows
-marked `before` run them (copied below: QSGD and
-TernGrad drawing their coins with `jax.random.bernoulli`, threefry; DGC with
-`lax.top_k` of the sample, an abs of x and `jnp.nonzero`, over contiguous
-bins). DGC's bins are strided now, so its payload is not the `before`
-one: at every size it is checked equal to a direct formulation
-of its rule (`_dgc_direct`: a padded |x| reshaped into rows, `argmax` down
-the rows, `jnp.nonzero`). With `--gradient_models` a fourth table says what
-the two layouts send on real gradients (the flattened gradient of each model
-at 0, 50 and 200 steps of SGD with momentum, batch 128, on the bundled digits
-for the CNN and synthetic CIFAR shapes otherwise): the share of the k slots
-filled and of exact Top-k's energy (sum of squares) kept, averaged over 3
-keys. Rows `coins ...` are
-the same QSGD / TernGrad with other coin widths (`jd.compress.with_rng_bits`),
-and rows `no coins (rounded)` the same work with the coins replaced by
-rounding half up (biased; timed only): the coins' share of QSGD's and
-TernGrad's time is one minus the ratio, now and before. With `--prng` a
-second table times the random bits alone for n elements (read p, write the
-coins), for each of JAX's key implementations and `jd.compress.bernoulli`.
-With `--compaction` a third times the sparsifiers' compaction alone (the k
-positions of a mask, in order) at a threshold's shape (n positions, 1% held)
-and DGC's (2k bins, ~40% held): packed into 32-bit words, as now above 2^14
-positions, and by binary searches over every position's prefix sum, as
-before (and still below); the two are checked equal.
+A compressor runs in several ways side by side: Top-k by each `selection`,
+and QSGD / TernGrad with other coin widths (rows `coins ...`,
+`jd.compress.with_rng_bits`) and with the coins replaced by rounding half up
+(rows `no coins (rounded)`: biased, timed only), so that the coins' share of
+their time is one minus the ratio. DGC's payload is checked, at every size,
+equal to a direct formulation of its rule (`_dgc_direct`: a padded |x|
+reshaped into rows, `argmax` down the rows, `jnp.nonzero`).
+
+With `--prng` a second table times the random bits alone for n elements
+(read p, write the coins), for each of JAX's key implementations and
+`jd.compress.bernoulli`. With `--compaction` a third times the
+sparsifiers' compaction alone (the k positions of a mask, in order) at a
+threshold's shape (n positions, 1% held) and DGC's (2k bins, ~40% held):
+packed into 32-bit words, as above 2^14 positions, and by binary searches
+over every position's prefix sum, as below; the two are checked equal. With
+`--gradient_models` a fourth table says what DGC sends on real gradients
+(the flattened gradient of each model at 0, 50 and 200 steps of SGD with
+momentum, batch 128, on the bundled digits for the CNN and synthetic CIFAR
+shapes otherwise): the share of the k slots filled and of exact Top-k's
+energy (sum of squares) kept, averaged over 3 keys.
 
 Wire columns: the payload's exact bytes, that as a fraction of the dense
 float32 vector, and the bytes each of `--workers` workers sends, relative to
@@ -71,16 +67,17 @@ flags.DEFINE_integer('workers', 8, 'Workers N for the per-worker wire comparison
 flags.DEFINE_float('ratio', 0.01, 'Kept fraction for the sparsifiers.')
 flags.DEFINE_float('target', 3.0, 'Approximate Top-k target: at most this many memory passes.')
 flags.DEFINE_bool('keep_buffers', True, 'Keep freed buffers mapped (glibc mallopt) on Linux.')
-flags.DEFINE_bool('before', True, 'Also time the earlier implementations (copied here).')
 flags.DEFINE_bool('prng', True, "Also time the random bits alone, for each of JAX's PRNGs.")
 flags.DEFINE_bool(
-  'compaction', True, "Also time the sparsifiers' compaction alone: packed words and before."
+  'compaction', True, "Also time the sparsifiers' compaction alone: packed words and positions."
 )
 flags.DEFINE_list(
   'gradient_models', ['cnn', 'resnet20'], "Models whose gradients show what DGC's bins send."
 )
 flags.DEFINE_list('gradient_steps', ['0', '50', '200'], 'Training steps at which to take them.')
 flags.DEFINE_string('results', None, 'Also write the tables as markdown here, with the command.')
+
+COPY = 'memory pass (jnp.copy)'  # the baseline row of the compressors' table
 
 
 def _matrix_shape(n: int) -> tuple[int, int]:
@@ -98,7 +95,7 @@ def _matrix_shape(n: int) -> tuple[int, int]:
 
 
 def _sampled_threshold(dgc, x, key):
-  """(threshold, start key): DGC's sampled threshold by `lax.top_k`, as it was."""
+  """(threshold, start key): DGC's sampled threshold, by `lax.top_k` of the sample."""
   import jax
   import jax.numpy as jnp
   from jax import lax
@@ -112,7 +109,7 @@ def _sampled_threshold(dgc, x, key):
 
 def _compact_direct(mask, k, offset=0):
   """(positions[k], valid[k]): the held positions from `offset` on, cyclically, by
-  `jnp.roll` and `jnp.nonzero` (as it was); unfilled slots hold the mask's size."""
+  `jnp.roll` and `jnp.nonzero`; unfilled slots hold the mask's size."""
   import jax.numpy as jnp
 
   n = mask.size
@@ -120,71 +117,6 @@ def _compact_direct(mask, k, offset=0):
   (pos,) = jnp.nonzero(rolled, size=k, fill_value=0)
   valid = jnp.arange(k) < jnp.sum(rolled)
   return jnp.where(valid, (pos + offset) % n, n).astype(jnp.int32), valid
-
-
-def _before_classes(jd):
-  """QSGD, TernGrad and DGC as they were, for side-by-side rows."""
-  import jax
-  import jax.numpy as jnp
-
-  c = jd.compress
-  from jaxdist.compress.sparsify import _gather
-
-  def unbucket(b, n):
-    return b.reshape(-1)[:n]
-
-  class QSGDBefore(c.QSGD):
-    def coins(self, key, p):
-      return jax.random.bernoulli(key, p)
-
-    def encode(self, x, state, key):
-      b = c.buckets(x, self.bucket_size)
-      norm = jnp.linalg.norm(b, axis=1)
-      scaled = self.levels * jnp.abs(b) / jnp.where(norm > 0, norm, 1.0)[:, None]
-      floor = jnp.floor(scaled)
-      level = floor + self.coins(key, scaled - floor)
-      code = (jnp.sign(b) * level + self.levels).astype(jnp.uint8)
-      return (norm, c.pack_bits(unbucket(code, x.size), self.bits)), state
-
-    def decode(self, payload, state, n):
-      norm, packed = payload
-      code = c.unpack_bits(packed, self.bits, n).astype(jnp.float32) - self.levels
-      return unbucket(c.buckets(code, self.bucket_size) * norm[:, None] / self.levels, n)
-
-  class TernGradBefore(c.TernGrad):
-    def coins(self, key, p):
-      return jax.random.bernoulli(key, p)
-
-    def encode(self, x, state, key):
-      b = c.buckets(x, self.bucket_size)
-      scale = jnp.max(jnp.abs(b), axis=1)
-      keep = self.coins(key, jnp.abs(b) / jnp.where(scale > 0, scale, 1.0)[:, None])
-      code = (jnp.sign(b) * keep + 1).astype(jnp.uint8)
-      return (scale, c.pack_bits(unbucket(code, x.size), 2)), state
-
-    def decode(self, payload, state, n):
-      scale, packed = payload
-      code = c.unpack_bits(packed, 2, n).astype(jnp.float32) - 1
-      return unbucket(c.buckets(code, self.bucket_size) * scale[:, None], n)
-
-  class DGCBefore(c.DGC):
-    def encode(self, x, state, key):
-      n, k = x.size, self.kept(x.size)
-      threshold, start_key = _sampled_threshold(self, x, key)
-      bins = min(n, self.bins_per_k * k)
-      width = -(-n // bins)
-      a = jnp.pad(jnp.abs(x), (0, bins * width - n), constant_values=-1.0).reshape(bins, width)
-      largest = jnp.max(a, axis=1)
-      start = jax.random.randint(start_key, (), 0, bins)
-      chosen, valid = _compact_direct(largest >= threshold, k, start)
-      rows = a.at[chosen].get(mode='fill', fill_value=-1.0)
-      top = largest.at[chosen].get(mode='fill', fill_value=-2.0)
-      at = jnp.min(
-        jnp.where(rows == top[:, None], jnp.arange(width, dtype=jnp.int32), width), axis=1
-      )
-      return _gather(x, chosen * width + at, valid), state
-
-  return QSGDBefore, TernGradBefore, DGCBefore
 
 
 def _dgc_direct(jd):
@@ -240,67 +172,62 @@ def _model_gradients(jd, name: str, steps: list[int]) -> dict:
 
 
 def _bins_rows(jd, models: list[str], steps: list[int]) -> list[dict]:
-  """What DGC sends on model gradients, strided bins (now) against contiguous (before)."""
+  """The gradients table: what DGC's strided bins send on model gradients."""
   import jax
   import jax.numpy as jnp
   import numpy as np
 
-  _, _, dgc_before = _before_classes(jd)
   rows = []
   for name in models:
     for step, g in _model_gradients(jd, name, steps).items():
       n = g.size
       top = np.sort(np.abs(g).astype(np.float64))
       for ratio in (0.01, 0.001):
-        row = {'model': name, 'n': f'{n:,}', 'step': step, 'ratio': ratio}
-        for label, c in (
-          ('now', jd.compress.dgc(ratio=ratio)),
-          ('before', dgc_before(ratio=ratio)),
-        ):
-          k = c.kept(n)
-          energy = np.sum(top[-k:] ** 2)
-          encode = jax.jit(lambda v, key, c=c, n=n: c.encode(v, c.init(n), key)[0])
-          filled, kept = [], []
-          for seed in range(3):
-            values, idx = (np.asarray(a) for a in encode(jnp.asarray(g), jax.random.key(seed)))
-            filled.append(np.mean(idx < n))
-            kept.append(np.sum(values.astype(np.float64) ** 2) / energy)
-          row[f'filled_{label}'] = f'{np.mean(filled):.0%}'
-          row[f'kept_{label}'] = f'{np.mean(kept):.0%}'
-        rows.append(row)
+        c = jd.compress.dgc(ratio=ratio)
+        k = c.kept(n)
+        energy = np.sum(top[-k:] ** 2)
+        encode = jax.jit(lambda v, key, c=c, n=n: c.encode(v, c.init(n), key)[0])
+        filled, kept = [], []
+        for seed in range(3):
+          values, idx = (np.asarray(a) for a in encode(jnp.asarray(g), jax.random.key(seed)))
+          filled.append(np.mean(idx < n))
+          kept.append(np.sum(values.astype(np.float64) ** 2) / energy)
+        rows.append(
+          {
+            'model': name,
+            'n': f'{n:,}',
+            'step': step,
+            'ratio': ratio,
+            'filled': f'{np.mean(filled):.0%}',
+            'kept': f'{np.mean(kept):.0%}',
+          }
+        )
   return rows
 
 
-def _candidates(jd, tau: float, ratio: float, before: bool):
-  """(label, compressor) pairs; the sparsifiers at `ratio`; `before` rows after their own."""
+def _candidates(jd, tau: float, ratio: float):
+  """(label, compressor) pairs; the sparsifiers at `ratio`."""
   c = jd.compress
-  qsgd_before, terngrad_before, dgc_before = _before_classes(jd)
   # the same work with the coins replaced by rounding half up: what the coins cost is the rest
   rounded = lambda cls: type(f'{cls.__name__}Rounded', (cls,), {'coins': lambda _, k, p: p >= 0.5})
-  out = [
+  return [
     ('topk (exact, lax.top_k)', c.topk(ratio=ratio, selection='top_k')),
     ('topk (exact, bisect)', c.topk(ratio=ratio, selection='bisect')),
     ('topk (exact, candidates)', c.topk(ratio=ratio, selection='candidates')),
     ('mstopk', c.mstopk(ratio=ratio)),
     ('dgc', c.dgc(ratio=ratio)),
-    ('dgc before', dgc_before(ratio=ratio)),
     ('randomk', c.randomk(ratio=ratio)),
     (f'threshold (tau={tau:.3g})', c.threshold(tau=tau, ratio=ratio)),
     ('qsgd(127)', c.qsgd(levels=127)),
-    ('qsgd(127) before', qsgd_before(levels=127)),
     ('qsgd(127) coins 8-bit', c.with_rng_bits(c.qsgd(levels=127), 8)),
     ('qsgd(127) coins 32-bit', c.with_rng_bits(c.qsgd(levels=127), 32)),
     ('qsgd(127) coins jax.random.bernoulli', c.with_rng_bits(c.qsgd(levels=127), None)),
     ('qsgd(127) no coins (rounded)', rounded(c.QSGD)(levels=127)),
-    ('qsgd(127) before, no coins (rounded)', rounded(qsgd_before)(levels=127)),
     ('qsgd(7)', c.qsgd(levels=7)),
-    ('qsgd(7) before', qsgd_before(levels=7)),
     ('terngrad', c.terngrad()),
-    ('terngrad before', terngrad_before()),
     ('terngrad coins 8-bit', c.with_rng_bits(c.terngrad(), 8)),
     ('terngrad coins 32-bit', c.with_rng_bits(c.terngrad(), 32)),
     ('terngrad no coins (rounded)', rounded(c.TernGrad)()),
-    ('terngrad before, no coins (rounded)', rounded(terngrad_before)()),
     ('sign', c.sign()),
     ('ef_sign', c.ef_sign()),
     ('onebit', c.onebit()),
@@ -309,9 +236,68 @@ def _candidates(jd, tau: float, ratio: float, before: bool):
     ('powersgd rank 2', c.powersgd(rank=2)),
     ('identity', c.identity()),
   ]
-  if not before:
-    out = [(label, comp) for label, comp in out if 'before' not in label and 'coins' not in label]
+
+
+def _roundtrip(jd, c, n: int, x, key) -> tuple:
+  """(jitted encode+decode, its args, wire bytes, summable, sparse, matrix note) of `c` on x."""
+  import jax
+  import jax.numpy as jnp
+
+  if isinstance(c, jd.compress.PowerSGD):
+    r, cols = _matrix_shape(n)
+    pad = r * cols - n
+
+    def low_rank(v, q):
+      m = (jnp.pad(v, (0, pad)) if pad else v).reshape(r, cols)
+      return c.roundtrip(m, q).reshape(-1)[:n]
+
+    wire = sum(c.wire_bytes((r, cols)))
+    return jax.jit(low_rank), (x, c.init_q((r, cols))), wire, True, False, f' [{r}x{cols}]'
+  c.check(n)
+
+  def roundtrip(v, s, k):
+    payload, s = c.encode(v, s, k)
+    return c.decode(payload, s, n)
+
+  return jax.jit(roundtrip), (x, c.init(n), key), c.wire_bytes(n), c.summable, c.sparse, ''
+
+
+def _compressor_functions(jd, n: int, x, tau: float, key) -> dict:
+  """The compressors' table: (table, label) -> (jitted encode+decode, args, row) at size n."""
+  n_workers = FLAGS.workers
+  ring = 2 * (n_workers - 1) / n_workers  # per-worker bytes of a ring all-reduce, per byte
+  dense = 4 * n
+  out = {}
+  for label, c in _candidates(jd, tau, FLAGS.ratio):
+    fn, args, wire, summable, sparse, shape = _roundtrip(jd, c, n, x, key)
+    sent = ring * wire if summable else (n_workers - 1) * wire
+    row = {
+      'name': label + shape,
+      'n': f'{n:,}',
+      'wire': f'{wire:,}',
+      'frac': f'{wire / dense:.4g}',
+      'via': 'ring AR' if summable else 'all-gather',
+      'vs_ar': f'{sent / (ring * dense):.4g}x',
+    }
+    if sparse:
+      k = c.kept(n)
+      artopk = (n_workers - 1) / n_workers * 4 * k + ring * 4 * k
+      row['vs_artopk'] = f'{artopk / (ring * dense):.4g}x'
+    out[('compressors', label)] = (fn, args, row)
   return out
+
+
+def _dgc_note(jd, n: int, x, key) -> str:
+  """Whether DGC sends what its rule, written directly (`_dgc_direct`), sends."""
+  import jax
+  import numpy as np
+
+  payloads = [
+    jax.jit(lambda v, k, c=c: c.encode(v, c.init(n), k)[0])(x, key)
+    for c in (jd.compress.dgc(ratio=FLAGS.ratio), _dgc_direct(jd)(ratio=FLAGS.ratio))
+  ]
+  same = all(np.array_equal(a, b) for a, b in zip(*payloads, strict=True))
+  return f'n={n:,}: dgc payload equals its rule written directly: {"yes" if same else "NO"}'
 
 
 # JAX's key implementations, timed drawing n 32-bit words, with what stops their use here
@@ -325,8 +311,8 @@ _PRNG_NOTES = {
 }
 
 
-def _prng_functions(jd, n: int):
-  """(label, function of (p, key), note): coins or bits for n elements, each way."""
+def _prng_draws(jd):
+  """(label, function of (p, key), note): coins or bits for p's elements, each way."""
   import jax
   import jax.numpy as jnp
 
@@ -343,8 +329,8 @@ def _prng_functions(jd, n: int):
 
     return draw
 
-  before = lambda p, key: jax.random.bernoulli(key, p)
-  out = [('coins: jax.random.bernoulli (threefry; before)', before, '23-bit floats')]
+  bernoulli = lambda p, key: jax.random.bernoulli(key, p)
+  out = [('coins: jax.random.bernoulli (threefry)', bernoulli, '23-bit floats')]
   for impl, note in _PRNG_NOTES.items():
     out.append((f'bits: jax.random.bits, {impl}', bits_with(impl), note))
   for b in jd.compress.RNG_BITS:
@@ -359,30 +345,52 @@ def _prng_functions(jd, n: int):
   return out
 
 
-def _compaction_functions(jd, n: int, ratio: float):
-  """(label, function, mask, k) for the compaction alone at two shapes of a size-n vector.
+def _prng_functions(jd, n: int, key) -> dict:
+  """The random bits' table: (table, label) -> (jitted draw, args, row) for n elements."""
+  import jax
+  import numpy as np
 
-  A threshold's (n positions, 1% held, k = ratio·n slots) and DGC's (2k bins,
-  ~40% held, k slots), each by `_compact_counted` (masks above 2^14 packed
-  into words) and by `_compact_by_positions` (binary searches over every
-  position's prefix sum: the way before, and still the way for short masks).
+  p = jax.device_put(np.random.default_rng(1).random(n, dtype=np.float32))
+  out = {}
+  for label, draw, note in _prng_draws(jd):
+    row = {'name': label, 'n': f'{n:,}', 'note': note}
+    out[('prng', label)] = (jax.jit(draw), (p, key), row)
+  return out
+
+
+def _compaction_functions(jd, n: int) -> tuple[dict, list[str]]:
+  """The compaction table: (table, label) -> (jitted compaction, args, row), and its checks.
+
+  A threshold's shape (n positions, 1% held, k = ratio·n slots) and DGC's
+  (2k bins, ~40% held, k slots), each by `_compact_counted` (masks above
+  2^14 packed into words) and by `_compact_by_positions` (binary searches
+  over every position's prefix sum, the way for short masks); the notes say
+  whether the two agree.
   """
   import jax
   import jax.numpy as jnp
   import numpy as np
 
   sparsify = jd.compress.sparsify
-  k = jd.compress.base.num_kept(n, ratio)
+  k = jd.compress.base.num_kept(n, FLAGS.ratio)
   rng = np.random.default_rng(2)
-  out = []
-  for shape, m, held in (('threshold', n, ratio), ('dgc bins', min(n, 2 * k), 0.4)):
+  out, notes = {}, []
+  for shape, m, held in (('threshold', n, FLAGS.ratio), ('dgc bins', min(n, 2 * k), 0.4)):
     mask = jax.device_put(jnp.asarray(rng.random(m) < held))
+    results = []
     for way, fn in (
       ('packed words', sparsify._compact_counted),
       ('positions', sparsify._compact_by_positions),
     ):
-      out.append((f'{shape}: {way}', jax.jit(lambda a, fn=fn: fn(a, k, 7)), mask, k))
-  return out
+      label = f'{shape}: {way}'
+      jitted = jax.jit(lambda a, fn=fn: fn(a, k, 7))
+      row = {'name': label, 'n': f'{n:,}', 'mask': f'{mask.size:,}', 'k': f'{k:,}'}
+      out[('compaction', label)] = (jitted, (mask,), row)
+      results.append(jitted(mask))
+    same = all(np.array_equal(a, b) for a, b in zip(*results, strict=True))
+    notes.append(f'n={n:,}: compaction ({shape}) by words equals by positions: '
+                 f'{"yes" if same else "NO"}')  # fmt: skip
+  return out, notes
 
 
 def _keep_buffers() -> str:
@@ -397,6 +405,25 @@ def _keep_buffers() -> str:
   libc.mallopt(m_mmap_threshold, 1 << 30)
   libc.mallopt(m_trim_threshold, (1 << 31) - 1)
   return 'allocator: freed buffers kept mapped (mallopt)'
+
+
+def _warm_up(funcs: dict, n: int, tables: dict) -> None:
+  """Compiles and runs each function twice; drops those that fail, with a row saying so."""
+  import jax
+
+  failed = []
+  for key, (fn, args, row) in funcs.items():
+    try:
+      for _ in range(2):  # the first call also compiles
+        jax.block_until_ready(fn(*args))
+    except Exception as e:  # a compressor that cannot run at this size: report, go on
+      failed.append(key)
+      print(f'n={n:,}: {key[1]} failed: {type(e).__name__}: {e}'.splitlines()[0])
+      if row is not None:
+        row['ms'] = f'failed ({type(e).__name__})'
+        tables[key[0]].append(row)
+  for key in failed:
+    del funcs[key]
 
 
 def _time(funcs, rounds: int, seed: int) -> dict:
@@ -416,257 +443,188 @@ def _time(funcs, rounds: int, seed: int) -> dict:
   return times
 
 
-def _rows_for(label: str, rows: list, prng_rows: list, compact_rows: list) -> list:
-  """The table a timed function's row goes to, by its label's prefix."""
-  if label.startswith('prng: '):
-    return prng_rows
-  return compact_rows if label.startswith('compact: ') else rows
-
-
 def _summary(ts):
   med = statistics.median(ts)
   q1, _, q3 = statistics.quantiles(ts, n=4) if len(ts) > 1 else (med, med, med)
   return med * 1e3, (q3 - q1) / med
 
 
+def _run_size(jd, n: int, tables: dict, notes: list, ms_of: dict) -> None:
+  """Times every table's functions at size n, interleaved; their rows go to `tables`."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  x_np = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+  tau = float(np.percentile(np.abs(x_np), 99))
+  x, key = jax.device_put(x_np), jax.random.key(0)
+  # (table, label) -> (jitted function, args, row); the row is None for the baseline
+  funcs = {('compressors', COPY): (jax.jit(jnp.copy), (x,), None)}
+  funcs |= _compressor_functions(jd, n, x, tau, key)
+  checks = [_dgc_note(jd, n, x, key)]
+  if FLAGS.prng:
+    funcs |= _prng_functions(jd, n, key)
+  if FLAGS.compaction:
+    compaction, compaction_notes = _compaction_functions(jd, n)
+    funcs |= compaction
+    checks += compaction_notes
+  for line in checks:
+    print(line)
+  notes += checks
+
+  _warm_up(funcs, n, tables)
+  times = _time(funcs, FLAGS.rounds, seed=n)
+  base_ms, base_spread = _summary(times[('compressors', COPY)])
+  tables['compressors'].append(
+    {
+      'name': COPY,
+      'n': f'{n:,}',
+      'ms': f'{base_ms:.3f}',
+      'spread': f'{100 * base_spread:.0f}%',
+      'vs_copy': '1.00x',
+      'wire': f'{4 * n:,}',
+      'frac': '1',
+      'via': '-',
+    }
+  )
+  for (table, label), (_, _, row) in funcs.items():
+    if row is None:
+      continue
+    ms, spread = _summary(times[(table, label)])
+    if table == 'compressors':
+      ms_of[(n, label)] = ms
+    row.update(ms=f'{ms:.3f}', spread=f'{100 * spread:.0f}%', vs_copy=f'{ms / base_ms:.2f}x')
+    tables[table].append(row)
+
+
+def _columns(n_workers: int) -> dict:
+  """table -> its (key, heading) columns, in the order the tables are printed."""
+  return {
+    'compressors': [
+      ('name', 'compressor'),
+      ('n', 'n'),
+      ('ms', 'ms (median)'),
+      ('spread', 'IQR/median'),
+      ('vs_copy', 'vs memory pass'),
+      ('wire', 'wire bytes'),
+      ('frac', 'of dense'),
+      ('via', 'sent by'),
+      ('vs_ar', f'vs dense ring AR (N={n_workers})'),
+      ('vs_artopk', 'AR-Top-k vs dense ring AR'),
+    ],
+    'prng': [
+      ('name', 'random bits for n elements'),
+      ('n', 'n'),
+      ('ms', 'ms (median)'),
+      ('spread', 'IQR/median'),
+      ('vs_copy', 'vs memory pass'),
+      ('note', 'note'),
+    ],
+    'compaction': [
+      ('name', 'compaction alone'),
+      ('n', 'n'),
+      ('mask', 'mask positions'),
+      ('k', 'slots'),
+      ('ms', 'ms (median)'),
+      ('spread', 'IQR/median'),
+      ('vs_copy', 'vs memory pass of n'),
+    ],
+    'bins': [
+      ('model', "DGC's bins on gradients"),
+      ('n', 'n'),
+      ('step', 'step'),
+      ('ratio', 'ratio'),
+      ('filled', 'slots filled'),
+      ('kept', 'top-k energy kept'),
+    ],
+  }
+
+
+def _topk_verdict(ms_of: dict, copy_ms: float | None, largest: int) -> str:
+  """Whether the faster approximate top-k (mstopk, dgc) is within `--target` memory passes."""
+  found = {s: ms_of[(largest, s)] for s in ('mstopk', 'dgc') if (largest, s) in ms_of}
+  if not (found and copy_ms):
+    return f'target: no approximate top-k (mstopk, dgc) ran at {largest:,} -> not met'
+  name = min(found, key=found.get)
+  ratio = found[name] / copy_ms
+  verdict = 'met' if ratio <= FLAGS.target else 'not met'
+  return (
+    f'target: approximate top-k within {FLAGS.target:g}x of a memory pass at {largest:,}: '
+    f'{name} {ratio:.2f}x -> {verdict}'
+  )
+
+
+def _coins_verdict(ms_of: dict, largest: int) -> list[str]:
+  """Whether the coins take under half of QSGD's and TernGrad's time (none if not timed)."""
+  parts, dominant = [], False
+  for name in ('qsgd(127)', 'terngrad'):
+    got = [ms_of.get((largest, f'{name}{s}')) for s in ('', ' no coins (rounded)')]
+    if all(got):
+      share = 1 - got[1] / got[0]
+      dominant |= share > 0.5
+      parts.append(f'{name} {got[0]:.3g} ms, {got[1]:.3g} ms without coins: coins {share:.0%}')
+  if not parts:
+    return []
+  return [
+    f'target (random bits no longer dominant, i.e. under half the time) at {largest:,}: '
+    + '; '.join(parts)
+    + f' -> {"not met" if dominant else "met"}'
+  ]
+
+
+def _verdicts(rows: list[dict], ms_of: dict) -> list[str]:
+  """The targets, judged at the largest size."""
+  largest = max(int(s) for s in FLAGS.sizes)
+  copy_ms = next(
+    (float(r['ms']) for r in rows if r['name'] == COPY and r['n'] == f'{largest:,}'), None
+  )
+  return [_topk_verdict(ms_of, copy_ms, largest), *_coins_verdict(ms_of, largest)]
+
+
+def _write_results(path: str, tables: dict, columns: dict, lines: list[str]) -> None:
+  """The tables as markdown after the command, machine and date, then `lines` as a list."""
+  from jaxdist.train import report
+
+  command = ' '.join(['python', *sys.argv])
+  text = [report.provenance(command), '']
+  for name, rows in tables.items():
+    if rows:
+      text += [report.markdown(rows, columns[name]), '']
+  text += [f'- {line}' for line in lines]
+  with open(path, 'w') as f:
+    f.write('\n'.join(text) + '\n')
+
+
 def main(argv):
   del argv
   allocator = _keep_buffers() if FLAGS.keep_buffers else 'allocator: default'
   import jax
-  import jax.numpy as jnp
-  import numpy as np
 
   import jaxdist as jd
   from jaxdist.train import report
 
   started = time.perf_counter()
-  n_workers = FLAGS.workers
-  ring = 2 * (n_workers - 1) / n_workers  # per-worker bytes of a ring all-reduce, per byte
-  key = jax.random.key(0)
   device = jax.devices()[0]
   print(
     f'{device.platform} device ({device.device_kind}), jax {jax.__version__}; '
-    f'{FLAGS.rounds} interleaved rounds, median; wire compared for N={n_workers} workers; '
+    f'{FLAGS.rounds} interleaved rounds, median; wire compared for N={FLAGS.workers} workers; '
     f'{allocator}'
   )
-
-  rows, prng_rows, compact_rows, notes = [], [], [], []
-  ms_of = {}  # (n, label) -> median ms
+  columns = _columns(FLAGS.workers)
+  tables = {name: [] for name in columns}
+  notes, ms_of = [], {}  # ms_of: (n, compressor label) -> median ms
   for n in (int(s) for s in FLAGS.sizes):
-    x_np = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
-    tau = float(np.percentile(np.abs(x_np), 99))
-    x = jax.device_put(x_np)
-    dense = 4 * n
-
-    # name -> (jitted function, args, row); the row is None for the baseline
-    funcs = {'memory pass (jnp.copy)': (jax.jit(jnp.copy), (x,), None)}
-    for label, c in _candidates(jd, tau, FLAGS.ratio, FLAGS.before):
-      row = {'name': label, 'n': f'{n:,}'}
-      if isinstance(c, jd.compress.PowerSGD):
-        r, cols = _matrix_shape(n)
-        pad = r * cols - n
-
-        def roundtrip(v, q, c=c, r=r, cols=cols, pad=pad, n=n):
-          m = (jnp.pad(v, (0, pad)) if pad else v).reshape(r, cols)
-          return c.roundtrip(m, q).reshape(-1)[:n]
-
-        fn, args = jax.jit(roundtrip), (x, c.init_q((r, cols)))
-        wire = sum(c.wire_bytes((r, cols)))
-        row['name'] = f'{label} [{r}x{cols}]'
-        summable, sparse = True, False
-      else:
-        c.check(n)
-
-        def roundtrip(v, s, k, c=c, n=n):
-          payload, s = c.encode(v, s, k)
-          return c.decode(payload, s, n)
-
-        fn, args = jax.jit(roundtrip), (x, c.init(n), key)
-        wire = c.wire_bytes(n)
-        summable, sparse = c.summable, c.sparse
-      sent = ring * wire if summable else (n_workers - 1) * wire
-      row.update(
-        wire=f'{wire:,}',
-        frac=f'{wire / dense:.4g}',
-        via='ring AR' if summable else 'all-gather',
-        vs_ar=f'{sent / (ring * dense):.4g}x',
-      )
-      if sparse:
-        k = c.kept(n)
-        artopk = (n_workers - 1) / n_workers * 4 * k + ring * 4 * k
-        row['vs_artopk'] = f'{artopk / (ring * dense):.4g}x'
-      funcs[label] = (fn, args, row)
-
-    # DGC must send what its rule, written directly, sends
-    payloads = [
-      jax.jit(lambda v, k, c=c, n=n: c.encode(v, c.init(n), k)[0])(x, key)
-      for c in (jd.compress.dgc(ratio=FLAGS.ratio), _dgc_direct(jd)(ratio=FLAGS.ratio))
-    ]
-    same = all(np.array_equal(a, b) for a, b in zip(*payloads, strict=True))
-    notes.append(
-      f'n={n:,}: dgc payload equals its rule written directly: {"yes" if same else "NO"}'
-    )
-    print(notes[-1])
-
-    if FLAGS.prng:
-      p = jax.device_put(np.random.default_rng(1).random(n, dtype=np.float32))
-      for label, draw, note in _prng_functions(jd, n):
-        row = {'name': label, 'n': f'{n:,}', 'note': note}
-        funcs[f'prng: {label}'] = (jax.jit(draw), (p, key), row)
-
-    if FLAGS.compaction:
-      results = {}
-      for label, fn, mask, k in _compaction_functions(jd, n, FLAGS.ratio):
-        row = {'name': label, 'n': f'{n:,}', 'mask': f'{mask.size:,}', 'k': f'{k:,}'}
-        funcs[f'compact: {label}'] = (fn, (mask,), row)
-        results.setdefault(label.split(':')[0], []).append(fn(mask))
-      for shape, (words, positions) in results.items():
-        same = all(np.array_equal(a, b) for a, b in zip(words, positions, strict=True))
-        notes.append(f'n={n:,}: compaction ({shape}) by words equals by positions: '
-                     f'{"yes" if same else "NO"}')  # fmt: skip
-        print(notes[-1])
-
-    # Compile and warm up (twice: the first call also compiles).
-    failed = []
-    for label, (fn, args, row) in funcs.items():
-      try:
-        for _ in range(2):
-          jax.block_until_ready(fn(*args))
-      except Exception as e:  # a compressor that cannot run at this size: report, go on
-        failed.append(label)
-        print(f'n={n:,}: {label} failed: {type(e).__name__}: {e}'.splitlines()[0])
-        if row is not None:
-          row['ms'] = f'failed ({type(e).__name__})'
-          _rows_for(label, rows, prng_rows, compact_rows).append(row)
-    for label in failed:
-      del funcs[label]
-
-    times = _time(funcs, FLAGS.rounds, seed=n)
-    base_ms, base_spread = _summary(times['memory pass (jnp.copy)'])
-    rows.append(
-      {
-        'name': 'memory pass (jnp.copy)',
-        'n': f'{n:,}',
-        'ms': f'{base_ms:.3f}',
-        'spread': f'{100 * base_spread:.0f}%',
-        'vs_copy': '1.00x',
-        'wire': f'{dense:,}',
-        'frac': '1',
-        'via': '-',
-      }
-    )
-    for label, (_, _, row) in funcs.items():
-      if row is None:
-        continue
-      ms, spread = _summary(times[label])
-      ms_of[(n, label)] = ms
-      row.update(ms=f'{ms:.3f}', spread=f'{100 * spread:.0f}%', vs_copy=f'{ms / base_ms:.2f}x')
-      _rows_for(label, rows, prng_rows, compact_rows).append(row)
-
-  columns = [
-    ('name', 'compressor'),
-    ('n', 'n'),
-    ('ms', 'ms (median)'),
-    ('spread', 'IQR/median'),
-    ('vs_copy', 'vs memory pass'),
-    ('wire', 'wire bytes'),
-    ('frac', 'of dense'),
-    ('via', 'sent by'),
-    ('vs_ar', f'vs dense ring AR (N={n_workers})'),
-    ('vs_artopk', 'AR-Top-k vs dense ring AR'),
-  ]
-  prng_columns = [
-    ('name', 'random bits for n elements'),
-    ('n', 'n'),
-    ('ms', 'ms (median)'),
-    ('spread', 'IQR/median'),
-    ('vs_copy', 'vs memory pass'),
-    ('note', 'note'),
-  ]
-  compact_columns = [
-    ('name', 'compaction alone'),
-    ('n', 'n'),
-    ('mask', 'mask positions'),
-    ('k', 'slots'),
-    ('ms', 'ms (median)'),
-    ('spread', 'IQR/median'),
-    ('vs_copy', 'vs memory pass of n'),
-  ]
-  print(report.table(rows, columns))
-  if prng_rows:
-    print()
-    print(report.table(prng_rows, prng_columns))
-  if compact_rows:
-    print()
-    print(report.table(compact_rows, compact_columns))
-  bins_rows = _bins_rows(jd, FLAGS.gradient_models, [int(s) for s in FLAGS.gradient_steps])
-  bins_columns = [
-    ('model', "DGC's bins on gradients"),
-    ('n', 'n'),
-    ('step', 'step'),
-    ('ratio', 'ratio'),
-    ('filled_now', 'slots filled (strided)'),
-    ('filled_before', 'slots filled (contiguous, before)'),
-    ('kept_now', 'top-k energy kept (strided)'),
-    ('kept_before', 'top-k energy kept (contiguous, before)'),
-  ]
-  if bins_rows:
-    print()
-    print(report.table(bins_rows, bins_columns))
-
-  largest = max(int(s) for s in FLAGS.sizes)
-  verdicts = []
-  found = {s: ms_of[(largest, s)] for s in ('mstopk', 'dgc') if (largest, s) in ms_of}
-  copy_ms = next(
-    (float(r['ms']) for r in rows if r['name'].startswith('memory') and r['n'] == f'{largest:,}'),
-    None,
-  )
-  if found and copy_ms:
-    name = min(found, key=found.get)
-    ratio = found[name] / copy_ms
-    verdict = 'met' if ratio <= FLAGS.target else 'not met'
-    line = (
-      f'target: approximate top-k within {FLAGS.target:g}x of a memory pass at {largest:,}: '
-      f'{name} {ratio:.2f}x -> {verdict}'
-    )
-    if (largest, 'dgc before') in ms_of:
-      line += f' (dgc before: {ms_of[(largest, "dgc before")] / copy_ms:.2f}x)'
-  else:
-    line = f'target: no approximate top-k (mstopk, dgc) ran at {largest:,} -> not met'
-  verdicts.append(line)
-  parts, dominant = [], False
-  for name in ('qsgd(127)', 'terngrad'):
-    got = [ms_of.get((largest, f'{name}{s}')) for s in ('', ' no coins (rounded)')]
-    was = [ms_of.get((largest, f'{name}{s}')) for s in (' before', ' before, no coins (rounded)')]
-    if all(got + was):
-      share, share_was = 1 - got[1] / got[0], 1 - was[1] / was[0]
-      dominant |= share > 0.5
-      parts.append(
-        f'{name} {got[0]:.3g} ms, {got[1]:.3g} ms without coins: coins {share:.0%} '
-        f'(before {was[0]:.3g} ms, {was[1]:.3g} ms without: {share_was:.0%})'
-      )
-  if parts:
-    verdicts.append(
-      f'target (random bits no longer dominant, i.e. under half the time) at {largest:,}: '
-      + '; '.join(parts)
-      + f' -> {"not met" if dominant else "met"}'
-    )
+    _run_size(jd, n, tables, notes, ms_of)
+  steps = [int(s) for s in FLAGS.gradient_steps]
+  tables['bins'] = _bins_rows(jd, FLAGS.gradient_models, steps)
+  printed = [report.table(rows, columns[name]) for name, rows in tables.items() if rows]
+  print('\n\n'.join(printed))
+  verdicts = _verdicts(tables['compressors'], ms_of)
   for line in verdicts:
     print(line)
   print(f'total time {time.perf_counter() - started:.0f} s')
-
   if FLAGS.results:
-    command = ' '.join(['python', *sys.argv])
-    text = [report.provenance(command), '', report.markdown(rows, columns), '']
-    if prng_rows:
-      text += [report.markdown(prng_rows, prng_columns), '']
-    if compact_rows:
-      text += [report.markdown(compact_rows, compact_columns), '']
-    if bins_rows:
-      text += [report.markdown(bins_rows, bins_columns), '']
-    text += [f'- {line}' for line in notes + verdicts]
-    with open(FLAGS.results, 'w') as f:
-      f.write('\n'.join(text) + '\n')
+    _write_results(FLAGS.results, tables, columns, notes + verdicts)
 
 
 if __name__ == '__main__':

@@ -317,38 +317,30 @@ def _fmt_overhead(rows: list[dict]) -> list[dict]:
   ]
 
 
-def main(argv):
-  del argv
-  import jax
+class _Layouts:
+  """The rows of the layout and scaling tables, each measured once, and their timed runs.
 
-  from jaxdist import runtime
+  A row is compiled when first asked for; `time` then times every row's
+  window of `--steps` steps in turns and frees the programs.
+  """
 
-  runtime.cpu_devices(FLAGS.cpu_devices)
-  import numpy as np
-  import optax
+  def __init__(self, model, shape, x, y):
+    self.model, self.shape, self.x, self.y = model, shape, x, y
+    self.measured, self.runs = {}, {}
 
-  import jaxdist as jd
-  from jaxdist.train import report
-  from jaxdist.train import step as step_lib
+  def baseline(self) -> dict:
+    """The single-device row: plain SGD on the dense gradient, one jitted program."""
+    import jax
+    import optax
 
-  shape = tuple(int(d) for d in FLAGS.image)
-  batch = FLAGS.batch
-  model = jd.models.get(FLAGS.model, num_classes=10)
-  rng = np.random.default_rng(0)
-  x = rng.standard_normal((batch, *shape), dtype=np.float32)
-  y = rng.integers(0, 10, batch).astype(np.int32)
-  n_dev = len(jax.devices())
-  platform = jax.devices()[0].platform
-  print(f'{FLAGS.model}, input {shape}, global batch {batch}, {n_dev} {platform} device(s)')
-  sharded_devices = min(8, n_dev)
+    from jaxdist.train import step as step_lib
 
-  measured, runs = {}, {}
-
-  def baseline():
-    tx = optax.sgd(0.01)
+    if 'baseline' in self.measured:
+      return self.measured['baseline']
+    model, shape, tx = self.model, self.shape, optax.sgd(0.01)
     params, model_state = step_lib.init_params(model, jax.random.key(0), shape)
     carry = [params, model_state, tx.init(params)]
-    xd, yd = jax.device_put(x), jax.device_put(y)
+    xd, yd = jax.device_put(self.x), jax.device_put(self.y)
     reference, seconds, memory, temp = _compile(
       step_lib.make_reference_step(model, tx), (*carry, xd, yd)
     )
@@ -358,7 +350,7 @@ def main(argv):
         carry[0], carry[1], carry[2], loss = reference(*carry, xd, yd)
       jax.block_until_ready(loss)
 
-    measured['baseline'] = {
+    self.measured['baseline'] = {
       'layout': 'single device, plain jit',
       'workers': 1,
       'devices': 1,
@@ -368,20 +360,27 @@ def main(argv):
       'memory': memory,
       'temp': temp,
     }
-    runs['baseline'] = run
-    return measured['baseline']
+    self.runs['baseline'] = run
+    return self.measured['baseline']
 
-  def workers_row(count, devices, per_worker):
+  def workers_row(self, count: int, devices: int, per_worker: str) -> dict:
+    """The row of `count` workers on `devices` devices, computing their gradients `per_worker`."""
+    import jax
+
+    import jaxdist as jd
+    from jaxdist.train import step as step_lib
+
     if count == devices:
       per_worker = 'vmap'  # one worker per device: one dense program either way
     key = (count, devices, per_worker)
-    if key in measured:
-      return measured[key]
+    if key in self.measured:
+      return self.measured[key]
+    model, shape, batch = self.model, self.shape, FLAGS.batch
     workers = jd.runtime.layout(count, devices=devices)
     tx = _chain(FLAGS.method, workers.axis_name, split=per_worker == 'device')
     box = [step_lib.make_init(model, tx, workers, shape, per_worker)(jax.random.key(0))]
-    xw = jax.device_put(x.reshape(count, batch // count, *shape), workers.sharding)
-    yw = jax.device_put(y.reshape(count, batch // count), workers.sharding)
+    xw = jax.device_put(self.x.reshape(count, batch // count, *shape), workers.sharding)
+    yw = jax.device_put(self.y.reshape(count, batch // count), workers.sharding)
     jitted = step_lib.make_train_step(model, tx, workers, per_worker=per_worker)
     train_step, seconds, memory, temp = _compile(jitted, (box[0], xw, yw))
 
@@ -391,7 +390,7 @@ def main(argv):
       jax.block_until_ready(metrics)
 
     kind = 'sharded' if workers.per_device == 1 else 'simulated'
-    measured[key] = {
+    self.measured[key] = {
       'layout': f'{kind}, {FLAGS.method}',
       'workers': count,
       'devices': workers.devices,
@@ -401,36 +400,29 @@ def main(argv):
       'memory': memory,
       'temp': temp,
     }
-    runs[key] = run
-    return measured[key]
+    self.runs[key] = run
+    return self.measured[key]
 
-  def rows_for(count, devices):
-    if batch % count or count % devices:
+  def rows_for(self, count: int, devices: int) -> list[dict]:
+    """A row per `--per_worker` way (fewer where they coincide); none if the batch won't split."""
+    if FLAGS.batch % count or count % devices:
       return []
-    rows = [workers_row(count, devices, v) for v in FLAGS.per_worker]
-    return list({id(r): r for r in rows}.values())
+    return _distinct([self.workers_row(count, devices, v) for v in FLAGS.per_worker])
 
-  table, scaling = [], []
-  if FLAGS.layouts or FLAGS.scaling:  # both tables compare with the single device
-    table = [baseline()]
-  if FLAGS.layouts:
-    table += rows_for(8, sharded_devices)
-    for w in (int(w) for w in FLAGS.workers):
-      table += rows_for(w, 1) + rows_for(w, min(n_dev, w))
-    table = list({id(r): r for r in table}.values())
-  for w in (int(w) for w in FLAGS.scaling):
-    scaling += rows_for(w, min(n_dev, w))
+  def time(self) -> None:
+    """Times every row's window in turns (its samples/s), then frees the programs."""
+    for key, sps in _time_together(self.runs).items():
+      self.measured[key]['sps'] = sps
+    self.runs.clear()
 
-  for key, sps in _time_together(runs).items():
-    measured[key]['sps'] = sps
-  runs.clear()  # their states and programs: not needed by the compressor table
-  overhead_title, overhead = _overhead(x, y, shape) if FLAGS.overhead_params else ('', [])
+  def fmt(self, rows: list[dict], sharded_devices: int) -> list[dict]:
+    """The rows as text, with their speed against the single device and 8 sharded workers."""
+    from jaxdist.train import report
 
-  def fmt(rows):
+    base = self.measured['baseline']
+    sharded = self.measured.get((8, sharded_devices, 'vmap'))
     out = []
     for r in rows:
-      base = measured['baseline']
-      sharded = measured.get((8, sharded_devices, 'vmap'))
       r = dict(r)
       r['ratio'] = f'{r["sps"] / base["sps"]:.2f}x'
       if sharded:
@@ -442,7 +434,27 @@ def main(argv):
       out.append(r)
     return out
 
-  columns = [
+
+def _distinct(rows: list[dict]) -> list[dict]:
+  """`rows` without repeats of the same row object, in order."""
+  return list({id(r): r for r in rows}.values())
+
+
+def _layout_rows(layouts: _Layouts, n_dev: int) -> list[dict]:
+  """The first table: single device, 8 sharded workers, `--workers` on one device and on all."""
+  table = [layouts.baseline(), *layouts.rows_for(8, min(8, n_dev))]
+  for w in (int(w) for w in FLAGS.workers):
+    table += layouts.rows_for(w, 1) + layouts.rows_for(w, min(n_dev, w))
+  return _distinct(table)
+
+
+def _scaling_rows(layouts: _Layouts, n_dev: int) -> list[dict]:
+  """The second table: `--scaling` workers on all devices."""
+  return [r for w in (int(w) for w in FLAGS.scaling) for r in layouts.rows_for(w, min(n_dev, w))]
+
+
+def _layout_columns(sharded_devices: int) -> list[tuple[str, str]]:
+  return [
     ('layout', 'layout'),
     ('workers', 'workers'),
     ('devices', 'devices'),
@@ -455,30 +467,73 @@ def main(argv):
     ('memory', 'memory/device'),
     ('temp', 'temporaries'),
   ]
-  title = f'{FLAGS.model}, input {shape}, global batch {batch}, {n_dev} {platform} device(s)'
-  if FLAGS.layouts:
-    print(report.table(fmt(table), columns))
-  scaling_title = f'scaling: workers on {min(n_dev, 8)} device(s), global batch {batch}'
-  if scaling:
-    print(f'\n{scaling_title}')
-    print(report.table(fmt(scaling), columns[1:]))
-  if overhead:
-    print(f'\n{overhead_title}')
-    print(report.table(_fmt_overhead(overhead), OVERHEAD_COLUMNS))
+
+
+def _report(tables: list[tuple[str, str, list[dict], list]]) -> None:
+  """Prints the tables ((name, title, rows, columns)) and writes them to `--results` if given.
+
+  On the terminal the layout table follows the header line, which is its
+  title; in the results file every table follows its title.
+  """
+  from jaxdist.train import report
+
+  for name, title, rows, columns in tables:
+    if name != 'layouts':
+      print(f'\n{title}')
+    print(report.table(rows, columns))
   if FLAGS.results:
     import sys
 
     command = ' '.join(['python', 'experiments/bench_step.py', *sys.argv[1:]])
     parts = [report.provenance(command)]
-    if FLAGS.layouts:
-      parts += [title + ':', report.markdown(fmt(table), columns)]
-    if scaling:
-      parts += [scaling_title + ':', report.markdown(fmt(scaling), columns[1:])]
-    if overhead:
-      parts += [overhead_title + ':', report.markdown(_fmt_overhead(overhead), OVERHEAD_COLUMNS)]
+    for _, title, rows, columns in tables:
+      parts += [title + ':', report.markdown(rows, columns)]
     with open(FLAGS.results, 'w') as f:
       f.write('\n\n'.join(parts) + '\n')
     print(f'results: {FLAGS.results}')
+
+
+def main(argv):
+  del argv
+  import jax
+
+  from jaxdist import runtime
+
+  runtime.cpu_devices(FLAGS.cpu_devices)
+  import numpy as np
+
+  import jaxdist as jd
+
+  shape = tuple(int(d) for d in FLAGS.image)
+  batch = FLAGS.batch
+  model = jd.models.get(FLAGS.model, num_classes=10)
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((batch, *shape), dtype=np.float32)
+  y = rng.integers(0, 10, batch).astype(np.int32)
+  n_dev = len(jax.devices())
+  platform = jax.devices()[0].platform
+  title = f'{FLAGS.model}, input {shape}, global batch {batch}, {n_dev} {platform} device(s)'
+  print(title)
+  sharded_devices = min(8, n_dev)
+
+  layouts = _Layouts(model, shape, x, y)
+  if FLAGS.scaling:
+    layouts.baseline()  # the scaling table, too, compares with the single device
+  table = _layout_rows(layouts, n_dev) if FLAGS.layouts else []
+  scaling = _scaling_rows(layouts, n_dev)
+  layouts.time()
+  overhead_title, overhead = _overhead(x, y, shape) if FLAGS.overhead_params else ('', [])
+
+  columns = _layout_columns(sharded_devices)
+  tables = []
+  if FLAGS.layouts:
+    tables.append(('layouts', title, layouts.fmt(table, sharded_devices), columns))
+  if scaling:
+    scaling_title = f'scaling: workers on {min(n_dev, 8)} device(s), global batch {batch}'
+    tables.append(('scaling', scaling_title, layouts.fmt(scaling, sharded_devices), columns[1:]))
+  if overhead:
+    tables.append(('overhead', overhead_title, _fmt_overhead(overhead), OVERHEAD_COLUMNS))
+  _report(tables)
 
 
 if __name__ == '__main__':
