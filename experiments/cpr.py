@@ -74,8 +74,9 @@ def main(argv):
   cli.setup(FLAGS.cpu_devices)
   from jaxdist import runtime
   from jaxdist.data.clicks import clicks
-  from jaxdist.faults import cpr, report, simulate
+  from jaxdist.faults import cpr, report
   from jaxdist.models.dlrm import DLRM
+  from jaxdist.train import failures
   from jaxdist.train import report as train_report
 
   mesh = runtime.layout(FLAGS.workers).mesh
@@ -99,7 +100,7 @@ def main(argv):
     run_dir = None
     if FLAGS.workdir:
       run_dir = os.path.join(FLAGS.workdir, name if name != 'partial' else f'partial_{target:g}')
-    s = simulate.train_with_failures(
+    s = failures.train_with_failures(
       data, strategy, costs, mesh=mesh, steps=FLAGS.steps, batch_size=FLAGS.batch_size,
       model=DLRM(embed_dim=FLAGS.embed_dim), lr_tables=FLAGS.lr_tables, lr_mlp=FLAGS.lr_mlp,
       optimizer=FLAGS.optimizer, seed=FLAGS.seed, failure_seed=FLAGS.failure_seed,

@@ -61,7 +61,8 @@ jd.runtime.cpu_devices(8)  # 8 CPU devices, before JAX starts
 # %%
 workers = 8
 from jaxdist.data.clicks import clicks
-from jaxdist.faults import cpr, report, simulate
+from jaxdist.faults import cpr, report
+from jaxdist.train import failures
 
 mesh = jd.runtime.layout(workers).mesh
 costs = cpr.Costs(step_s=1.0, save_s=0.125, load_s=0.25, restart_s=0.125, mttf_s=50.0)
@@ -86,7 +87,7 @@ summaries = []
 for name, target in runs:
   strategy = cpr.strategy(name, costs, workers, pls_target=target)
   summaries.append(
-    simulate.train_with_failures(
+    failures.train_with_failures(
       data,
       strategy,
       costs,

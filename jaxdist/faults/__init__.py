@@ -8,8 +8,9 @@ Import the modules you need (none loads at `import jaxdist`):
 - `jaxdist.faults.hybrid`: DLRM's hybrid layout, embedding tables
   model-parallel (all-to-all) and MLP data-parallel (all-reduce), in one
   `shard_map` step, and its one-device reference;
-- `jaxdist.faults.simulate`: `train_with_failures`, training through
-  injected failures on CPR's modelled clock;
+- `jaxdist.faults.recovery`: `Recovery`, a run's checkpoints, failures
+  and charges on CPR's modelled clock (the trainer, `train_with_failures`,
+  is `jaxdist.train.failures`);
 - `jaxdist.faults.report`: the table and the figure of a set of runs;
 - `jaxdist.faults.inject`: `config.fault`'s simulated failures for the
   data-parallel trainer (a straggling worker, a worker that drops out).

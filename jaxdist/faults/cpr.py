@@ -3,7 +3,7 @@ r"""CPR: checkpointing and partial recovery of embedding tables (Maeng et al., M
 Host-side and framework-free: the failure process, the checkpoint intervals,
 the portion of lost samples, the choice of rows a prioritised checkpoint
 saves, and a row-level checkpoint store with full and partial restore.
-`jaxdist.faults.simulate` trains a DLRM with them in modelled time.
+`jaxdist.train.failures` trains a DLRM with them in modelled time.
 
 Readings of the paper (arXiv 2011.02999; the code is not public), with
 notation: N embedding shards (here: workers, each owning T/N tables), T_fail
@@ -36,7 +36,7 @@ checkpoint interval:
   was last saved (the updates a failure would lose); SSU records a uniform
   sample of lookups and saves the distinct sampled rows.
 
-Also measured by `jaxdist.faults.simulate`: the lost updates, the row-level
+Also measured by `jaxdist.train.failures`: the lost updates, the row-level
 form of PLS (lookups discarded by restores / all lookups). With one lookup
 per table per example and T/N tables per shard it equals PLS for plain
 partial recovery; for MFU/SSU it counts what the prioritised saves kept.

@@ -15,8 +15,9 @@ from jax.sharding import PartitionSpec as P
 from jaxdist import runtime
 from jaxdist.comm import hlo
 from jaxdist.data.clicks import clicks
-from jaxdist.faults import cpr, hybrid, report, simulate
+from jaxdist.faults import cpr, hybrid, report
 from jaxdist.models import dlrm
+from jaxdist.train import failures as simulation
 
 from conftest import REPO, xla_flags_for_tests
 
@@ -211,7 +212,7 @@ def test_partial_restore_resets_exactly_the_failed_shards_rows():
 
 def _run(strategy, failures, steps, costs, **kwargs):
   data = clicks(num_tables=TABLES, rows=ROWS, num_dense=DENSE, seed=2)
-  return simulate.train_with_failures(
+  return simulation.train_with_failures(
     data, strategy, costs, mesh=runtime.layout(8).mesh, steps=steps, batch_size=64,
     model=MODEL, failures=failures, test_size=256, **kwargs,
   )  # fmt: skip
@@ -338,7 +339,7 @@ def test_bad_input_is_a_clear_error(call, message):
 
 def test_bad_layout_is_a_clear_error():
   with pytest.raises(ValueError, match=r'batch_size \(60\) must be a multiple of the workers'):
-    simulate.train_with_failures(
+    simulation.train_with_failures(
       clicks(num_tables=TABLES, rows=ROWS, num_dense=DENSE), cpr.Strategy('none', 'none', 0),
       COSTS, mesh=runtime.layout(8).mesh, steps=2, batch_size=60, model=MODEL,
     )  # fmt: skip

@@ -32,7 +32,7 @@ LOWER = ('sync', 'compress', 'comm', 'netmodel', 'data', 'models', 'faults', 'co
 
 EXCEPTIONS = {
   'config reads': {},
-  'imports jaxdist.train': {'jaxdist/faults/simulate.py': 1},
+  'imports jaxdist.train': {},
   'step imports jaxdist.sync': {},
 }
 
