@@ -1,4 +1,8 @@
-"""Several variants of one experiment, side by side: one table, one plot."""
+"""Several variants of one experiment, side by side: one table, one plot.
+
+The variants come from variants files (`Group`, configs/variants/<group>.py):
+`choose` reads one, `variant_config` applies a variant to the base config.
+"""
 
 from __future__ import annotations
 
@@ -40,7 +44,11 @@ class Group(NamedTuple):
 def load_group(path: str) -> Group:
   """The variants file at `path`: a Python file, like a config file, with `VARIANTS`."""
   if not os.path.isfile(path):
-    raise factory.ConfigError(f'no variants file at {path}')
+    folder = os.path.dirname(path)
+    here = os.listdir(folder or '.') if os.path.isdir(folder or '.') else []
+    close = difflib.get_close_matches(os.path.basename(path), here, n=1)
+    hint = f'; did you mean {os.path.join(folder, close[0])}?' if close else ''
+    raise factory.ConfigError(f'no variants file at {path}{hint}')
   spec = importlib.util.spec_from_file_location('_jaxdist_variants', path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

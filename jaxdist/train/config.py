@@ -16,7 +16,9 @@ sections. Three kinds of value stand for objects the trainer builds:
 - `bucketed_allreduce.buckets` is a bucket size in bytes (DDP-style fixed
   buckets in backward order).
 
-Only data here: `jaxdist.train.factory` turns names into objects.
+Only data here: `jaxdist.train.factory` turns names into objects. `method`
+and `compressed` write a variant's overrides for the variants files
+(configs/variants/<group>.py, read by `jaxdist.train.compare`).
 """
 
 from __future__ import annotations

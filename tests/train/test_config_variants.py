@@ -74,6 +74,9 @@ def test_a_key_the_config_does_not_have_is_an_error(tmp_path):
     compare.load_group(str(tmp_path / 'none.py'))
   with pytest.raises(factory.ConfigError, match='no variants file at'):
     compare.load_group(str(tmp_path / 'absent.py'))
+  typo = os.path.join(FOLDER, 'compresion.py')
+  with pytest.raises(factory.ConfigError, match=r'did you mean .*/variants/compression\.py\?'):
+    compare.load_group(typo)
 
 
 def test_every_results_group_of_the_makefile_is_a_variants_file_with_a_results_table():
