@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 WORKDIR ?= workdir/digits
 CONFIG ?= configs/digits.py
+VARIANTS ?= configs/variants/default.py
 ARGS ?=
 # Every install is the exact set of versions in the lock (the ranges in pyproject.toml are
 # what jaxdist supports; the lock is what was tested). `make lock` refreshes it.
@@ -24,7 +25,7 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 venv: $(VENV)/.installed
 
 run: $(VENV)/.installed
-	$(PY) experiments/compare.py --config=$(CONFIG) --workdir=$(WORKDIR) $(ARGS)
+	$(PY) experiments/compare.py --config=$(CONFIG) --variants=$(VARIANTS) --workdir=$(WORKDIR) $(ARGS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -n auto -q $(ARGS)
@@ -44,47 +45,35 @@ bench-peers: $(VENV)/.installed
 	$(PY) experiments/bench_peers.py --workdir=workdir/peers \
 	  $(if $(TORCH_PYTHON),--torch_python=$(TORCH_PYTHON))
 
-# The README's measured tables: each group of variants trained side by side, its markdown
-# table written to experiments/results/, then copied into README.md. A work directory holds
-# runs of one config (a variant reruns there only with the config that trained it): groups
-# that change the config beyond new variant names train in their own.
+# The README's measured tables: each group of variants (configs/variants/<group>.py: its
+# variants and the settings they share) trained side by side, its markdown table written to
+# experiments/results/<group>.md, then copied into README.md. A work directory holds runs of
+# one config (a variant reruns there only with the config that trained it): groups whose
+# settings change the config beyond new variant names train in their own.
 RESULTS = $(PY) experiments/compare.py --config=configs/digits.py --workdir=workdir/results \
 	--config.progress=False
+group = $(RESULTS) --variants=configs/variants/$(1).py --results=experiments/results/$(1).md $(2)
 results: $(VENV)/.installed
-	$(RESULTS) --only=dense,topk1_ef,artopk1,powersgd2,qsgd8,topk1_noef \
-	  --results=experiments/results/compression.md
-	$(RESULTS) --only=bsp,local4,local16,diloco8,selsync,selsync01,ssp2,async4,gossip_ring,sma \
-	  --results=experiments/results/less_sync.md
-	$(RESULTS) --only=bsp,od_sgd,ssd_sgd,cd_sgd,tick_tock,bucketed \
-	  --results=experiments/results/delay_tolerant.md
-	$(RESULTS) --only=bsp_lr05,delay2,delay2_sc,delay4,delay4_sc,delay4_lwp,delay4_sc_lwp \
-	  --results=experiments/results/pipeline.md
-	$(RESULTS) --workdir=workdir/stragglers --only=bsp,local4,ssp2,async4,gossip_ring \
-	  --config.cluster.straggler_p=0.1 --config.cluster.straggler_slowdown=4 \
-	  --config.cluster.price=1 --results=experiments/results/stragglers.md
-	$(RESULTS) --workdir=workdir/faults --only=bsp,local4,ssp2,async4,gossip_ring \
-	  --config.fault.straggle=7:8@20-120 --results=experiments/results/straggle.md
-	$(RESULTS) --workdir=workdir/drop --only=bsp,drop1_at20,drop1_20_60,drop4_at20 \
-	  --results=experiments/results/drop.md
-	$(RESULTS) --only=uniform_h2,dynamic_h2,uniform_h10,dynamic_h10 --config.workers=3 \
-	  --config.batch_size=96 --results=experiments/results/heterogeneous.md
-	$(RESULTS) --only=ddl_s1,scadles_s1,ddl_s10,scadles_s10 --results=experiments/results/streams.md
-	$(RESULTS) --only=iid,seldp,labels1,labels1_inject10,labels1_inject50,selsync_labels1_inject50,selsync005_labels1_inject50 \
-	  --config.workers=10 --config.batch_size=160 --results=experiments/results/noniid.md
-	$(RESULTS) --only=dense,topk10x,topk1000x,gravac,scadles_rule \
-	  --results=experiments/results/adaptive.md
-	$(RESULTS) --only=fixed10x,fixed30x,fixed90x,fixed270x,fixed833x,adopt,adopt_lazy \
-	  --config.network.profiles=adopt_c1@25,1gbps --results=experiments/results/adopt.md
+	$(call group,compression)
+	$(call group,less_sync)
+	$(call group,delay_tolerant)
+	$(call group,pipeline)
+	$(call group,stragglers,--workdir=workdir/stragglers)
+	$(call group,straggle,--workdir=workdir/faults)
+	$(call group,drop,--workdir=workdir/drop)
+	$(call group,heterogeneous)
+	$(call group,streams)
+	$(call group,noniid)
+	$(call group,adaptive)
+	$(call group,adopt)
 	$(PY) experiments/plot_ratios.py --metrics=workdir/results/adopt/metrics.jsonl \
 	  --network=adopt_c1@25 --title='ADOPT (gain threshold 0.1), digits CNN, 8 workers' \
 	  --out=experiments/results/adopt_ratios.png
 	$(PY) experiments/bench_multilevel.py --results=experiments/results/multilevel.md
-	$(RESULTS) --only=dense,topk1_ef,artopk1,hitopk --config.workers=16 --config.devices=2 \
-	  --config.network.profiles=10gbps,25gbps@25us --workdir=workdir/results_hitopk \
-	  --results=experiments/results/hitopk.md
+	$(call group,hitopk,--workdir=workdir/results_hitopk)
 	$(PY) experiments/cpr.py --results=experiments/results/cpr.md
 	$(PY) experiments/elastic.py --config=configs/digits.py --workdir=workdir/results/elastic \
-	  --results=experiments/results/elastic.md
+	  --variants=configs/variants/elastic.py --results=experiments/results/elastic.md
 	$(PY) experiments/plan.py --workdir=workdir/plan
 	cp workdir/plan/plan.md workdir/plan/plan.png experiments/results/
 	$(PY) experiments/readme_tables.py

@@ -54,7 +54,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS_DIR = os.path.join(REPO, '..', 'shared', 'peers')
 PEER_SCRIPT = 'torch_ddp_digits.py'
 WORKERS = 8  # side_by_side.sh: DDP's --world_size and jaxdist's workers
-METHODS = ('dense', 'powersgd2', 'local4', 'topk1_ef', 'dgc1')  # jaxdist/train/config.py variants
+VARIANTS_DIR = os.path.join(REPO, 'configs', 'variants')
+VARIANTS = os.path.join(VARIANTS_DIR, 'peers.py')  # the methods, in the order they run
 LABELS = {
   'dense': 'dense',
   'powersgd2': 'PowerSGD rank 2',
@@ -329,30 +330,26 @@ def _load() -> str:
   return ', '.join(f'{x:.2f}' for x in os.getloadavg())
 
 
-def main(argv):
-  del argv
-  torch_python = FLAGS.torch_python
-  if torch_python:  # before anything trains
-    script = os.path.join(FLAGS.peers_dir, PEER_SCRIPT)
-    if not os.path.isfile(script):
-      print(f'error: --peers_dir={FLAGS.peers_dir} has no {PEER_SCRIPT}', file=sys.stderr)
-      sys.exit(2)
-    if not os.access(torch_python, os.X_OK):
-      print(f'error: --torch_python={torch_python} is not an executable file', file=sys.stderr)
-      sys.exit(2)
-  from jaxdist.train import cli
+def _check_peers(torch_python: str) -> None:
+  """Ends the binary (exit status 2) unless the peers' script and `torch_python` are there."""
+  script = os.path.join(FLAGS.peers_dir, PEER_SCRIPT)
+  if not os.path.isfile(script):
+    print(f'error: --peers_dir={FLAGS.peers_dir} has no {PEER_SCRIPT}', file=sys.stderr)
+    sys.exit(2)
+  if not os.access(torch_python, os.X_OK):
+    print(f'error: --torch_python={torch_python} is not an executable file', file=sys.stderr)
+    sys.exit(2)
 
-  cli.setup(FLAGS.cpu_devices)
-  from jaxdist.train import compare, factory, report, trainer
 
-  base = factory.load_config(
-    os.path.join(REPO, 'configs', 'digits.py'),
-    steps=FLAGS.steps,
-    **SETTINGS,
-    **{'network.compute_budget_s': FLAGS.compute_budget_s},
-  )
-  configs = {name: cli.run(compare.variant_config, base, name) for name in METHODS}
-  load_before = _load()
+def run_all(
+  configs: Mapping[str, Any], torch_python: str | None
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+  """Trains every method (DDP's run first, where it has one), then the repeats.
+
+  Returns each method's jaxdist summaries (one per pass) and DDP's JSON lines.
+  """
+  from jaxdist.train import cli, trainer
+
   runs, ddp = {}, {}
 
   def train(config, workdir: str) -> dict[str, Any]:
@@ -381,9 +378,22 @@ def main(argv):
       print(f'\n=== jaxdist {name}, pass {i + 1} of {FLAGS.repeats}', flush=True)
       runs[name].append(train(config, os.path.join(FLAGS.workdir, f'{name}.{i + 1}')))
       _append(FLAGS.out, peer_line(name, runs[name][-1]))
-  summaries = {name: combine(rs) for name, rs in runs.items()}
-  load_after = _load()
+  return runs, ddp
 
+
+def print_all(
+  runs: Mapping[str, Sequence[Mapping[str, Any]]],
+  ddp: Mapping[str, Mapping[str, Any]],
+  torch_python: str | None,
+  loads: tuple[str, str],
+) -> list[tuple[str, str]]:
+  """Prints the table, the targets and the notes (and writes --results); returns DDP's failures.
+
+  `loads`: the load average before and after the runs.
+  """
+  from jaxdist.train import report
+
+  summaries = {name: combine(rs) for name, rs in runs.items()}
   rows = side_by_side_rows(summaries, ddp)
   cols = columns(bool(torch_python))
   if torch_python:
@@ -395,7 +405,7 @@ def main(argv):
     )
   else:
     title = f'jaxdist, the work of ../shared/peers/side_by_side.sh, {FLAGS.steps} steps'
-  notes = [f'load average (1, 5, 15 min) before: {load_before}; after: {load_after}']
+  notes = [f'load average (1, 5, 15 min) before: {loads[0]}; after: {loads[1]}']
   if FLAGS.repeats > 1:
     notes.append(
       f"jaxdist ms: the median of {FLAGS.repeats} runs' median steps, and ÷ its dense the "
@@ -424,7 +434,30 @@ def main(argv):
     with open(FLAGS.results, 'w') as f:
       f.write('\n\n'.join(parts) + '\n')
     print(f'results: {FLAGS.results}')
-  if failed:
+  return failed
+
+
+def main(argv):
+  del argv
+  torch_python = FLAGS.torch_python
+  if torch_python:  # before anything trains
+    _check_peers(torch_python)
+  from jaxdist.train import cli
+
+  cli.setup(FLAGS.cpu_devices)
+  from jaxdist.train import compare, factory
+
+  base = factory.load_config(
+    os.path.join(REPO, 'configs', 'digits.py'),
+    steps=FLAGS.steps,
+    **SETTINGS,
+    **{'network.compute_budget_s': FLAGS.compute_budget_s},
+  )
+  base, variants = cli.run(compare.choose, base, VARIANTS, folder=VARIANTS_DIR)
+  configs = {name: cli.run(compare.variant_config, base, variants, name) for name in variants}
+  load_before = _load()
+  runs, ddp = run_all(configs, torch_python)
+  if print_all(runs, ddp, torch_python, (load_before, _load())):
     sys.exit(1)
 
 

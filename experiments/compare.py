@@ -1,17 +1,21 @@
 r"""Trains several variants of one config and compares them in one table and plot.
 
-Each variant (named in the config's `variants`, chosen by its `compare` field
-or --only) trains into workdir/<name>. The table gives test accuracy, bytes
-per worker per step, and modelled time to the first variant's final accuracy
-on each network profile; `compare.png` plots accuracy against modelled time.
+The variants come from a variants file (configs/variants/<group>.py: its
+`VARIANTS`, and `SETTINGS` the group shares); each trains into
+workdir/<name>. The table gives test accuracy, bytes per worker per step,
+and modelled time to the first variant's final accuracy on each network
+profile; `compare.png` plots accuracy against modelled time. The config is
+the file's settings, then the command line's `--config.*`, then each
+variant's overrides.
 
   python experiments/compare.py --config=configs/digits.py --workdir=/tmp/cmp
   python experiments/compare.py --config=configs/digits.py --workdir=/tmp/cmp \
       --only=dense,topk1_ef,topk1_noef,qsgd8
   python experiments/compare.py --config=configs/digits.py --workdir=/tmp/cmp \
-      --only=dense,topk1_ef --results=experiments/results/compression.md
+      --variants=configs/variants/compression.py --results=experiments/results/compression.md
 """
 
+import os
 import sys
 
 from absl import app, flags
@@ -19,9 +23,21 @@ from ml_collections import config_flags
 
 from jaxdist.train import cli
 
+VARIANTS_DIR = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'variants'
+)
+
 config_flags.DEFINE_config_file('config', None, 'Base config, e.g. configs/digits.py.')
 flags.DEFINE_string('workdir', None, 'Directory; each variant trains in a subdirectory.')
-flags.DEFINE_list('only', None, "Variants to train (default: the config's `compare`).")
+flags.DEFINE_string(
+  'variants',
+  os.path.join(VARIANTS_DIR, 'default.py'),
+  'Variants file: its settings and, without --only, its variants (default: what `make run` '
+  'compares).',
+)
+flags.DEFINE_list(
+  'only', None, 'Variants to train, by name: any in configs/variants/ (default: the whole file).'
+)
 flags.DEFINE_string('results', None, 'Also write the markdown table here (e.g. for the README).')
 flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
 flags.DEFINE_bool(
@@ -36,11 +52,12 @@ def main(argv):
   cli.setup(FLAGS.cpu_devices)
   from jaxdist.train import compare
 
-  names = FLAGS.only or [n.strip() for n in FLAGS.config.compare.split(',') if n.strip()]
-  command = ' '.join(['python', *sys.argv])
-  cli.run(
-    compare.run, FLAGS.config, FLAGS.workdir, names, FLAGS.results, command, fresh=FLAGS.fresh
+  keep = config_flags.get_override_values(FLAGS['config'])
+  base, variants = cli.run(
+    compare.choose, FLAGS.config, FLAGS.variants, FLAGS.only, folder=VARIANTS_DIR, keep=keep
   )
+  command = ' '.join(['python', *sys.argv])
+  cli.run(compare.run, base, FLAGS.workdir, variants, FLAGS.results, command, fresh=FLAGS.fresh)
 
 
 if __name__ == '__main__':

@@ -15,7 +15,7 @@ trains them all again).
 
   python experiments/elastic.py --config=configs/digits.py --workdir=/tmp/elastic
   python experiments/elastic.py --config=configs/digits.py --workdir=/tmp/elastic \
-      --variants=dense,topk1_ef,local4,diloco8 --to=4,16 \
+      --variants=configs/variants/elastic.py --only=dense,local4 --to=4,16 \
       --results=experiments/results/elastic.md
 """
 
@@ -29,9 +29,20 @@ from ml_collections import config_flags
 
 from jaxdist.train import cli
 
+VARIANTS_DIR = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'variants'
+)
+
 config_flags.DEFINE_config_file('config', None, 'Base config, e.g. configs/digits.py.')
 flags.DEFINE_string('workdir', None, 'Directory; each run trains in a subdirectory.')
-flags.DEFINE_list('variants', ['dense', 'topk1_ef', 'local4', 'diloco8'], 'Variants to train.')
+flags.DEFINE_string(
+  'variants',
+  os.path.join(VARIANTS_DIR, 'elastic.py'),
+  'Variants file (configs/variants/<group>.py): its settings and, without --only, its variants.',
+)
+flags.DEFINE_list(
+  'only', None, 'Variants to train, by name: any in configs/variants/ (default: the whole file).'
+)
 flags.DEFINE_integer('workers', 8, 'Workers of the uninterrupted run (N).')
 flags.DEFINE_list('to', ['4', '16'], 'Workers the run continues on (M).')
 flags.DEFINE_integer('resume_at', None, 'Step the run continues from (default: half the steps).')
@@ -85,12 +96,15 @@ def main(argv):
   cli.setup(FLAGS.cpu_devices)
   from jaxdist.train import compare, factory, metrics, report, resume, trainer
 
-  base = FLAGS.config
+  keep = config_flags.get_override_values(FLAGS['config'])
+  base, variants = cli.run(
+    compare.choose, FLAGS.config, FLAGS.variants, FLAGS.only, folder=VARIANTS_DIR, keep=keep
+  )
   resume_at = FLAGS.resume_at or base.steps // 2
   rows = []
   plans = {
-    name: runs_of(cli.run(compare.variant_config, base, name), name, resume_at)
-    for name in FLAGS.variants
+    name: runs_of(cli.run(compare.variant_config, base, variants, name), name, resume_at)
+    for name in variants
   }
   for runs in plans.values():  # every run that exists may go on with its config
     for _, workdir, c in runs if not FLAGS.fresh else []:

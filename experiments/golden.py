@@ -3,10 +3,11 @@ r"""Every variant, a few steps, on a pinned clock: a record to compare a refacto
   python experiments/golden.py --workdir=/tmp/golden --out=/tmp/golden/a.json
   python experiments/golden.py --workdir=/tmp/golden --check=/tmp/golden/a.json
 
-Trains each variant of configs/digits.py (at `runlocal` size, 24 steps) with
-the overrides of the `make results` group that runs it, and the compute term
-pinned (`network.compute_s`), so that nothing the runs decide depends on how
-fast this machine was. It keeps every per-step record and the summary, less
+Trains each variant of configs/variants/ on configs/digits.py (at `runlocal`
+size, 24 steps) with the settings of its group (its variants file; none if a
+group without settings has it too), and the compute term pinned
+(`network.compute_s`), so that nothing the runs decide depends on how fast
+this machine was. It keeps every per-step record and the summary, less
 the wall-clock fields (`IGNORED`). `--check` trains again and demands the
 same records bit for bit: a change meant to move code, not numbers, passes.
 Runs that fail record their error line, which must match too.
@@ -44,39 +45,33 @@ IGNORED = {  # wall-clock measurements, different on every run
 PINNED = {'network.compute_s': 0.002, 'progress': False}
 
 
-# the Makefile's `results` groups' overrides, by the variants they apply to
-def _group(names: str, **overrides: Any) -> dict[str, dict[str, Any]]:
-  return {name: dict(overrides) for name in names.split()}
-
-
-GROUPS: dict[str, dict[str, Any]] = {
-  **_group('uniform_h2 dynamic_h2 uniform_h10 dynamic_h10', workers=3, batch_size=96),
-  **_group(
-    'iid seldp labels1 labels1_inject10 labels1_inject50 selsync_labels1_inject50 '
-    'selsync005_labels1_inject50',
-    workers=10,
-    batch_size=160,
-  ),
-  **_group(
-    'fixed10x fixed30x fixed90x fixed270x fixed833x adopt adopt_lazy',
-    **{'network.profiles': 'adopt_c1@25,1gbps'},
-  ),
-  **_group('hitopk', workers=16, devices=2, **{'network.profiles': '10gbps,25gbps@25us'}),
-}
-# entries beyond the variants: (variant, overrides) under their own name
-EXTRA: dict[str, tuple[str, dict[str, Any]]] = {
-  'ssp2@stragglers': (
-    'ssp2',
-    {'cluster.straggler_p': 0.1, 'cluster.straggler_slowdown': 4.0, 'cluster.price': 1.0},
-  ),
-  'async4@straggle': ('async4', {'fault.straggle': '7:8@4-16'}),
-  'gossip_ring@straggle': ('gossip_ring', {'fault.straggle': '7:8@4-16'}),
+VARIANTS_DIR = os.path.join(REPO, 'configs', 'variants')
+# entries beyond one per variant: (variant, its group, overrides of the group's settings)
+# under their own name; the straggle window is the Makefile's 20-120 of 400 steps, scaled
+EXTRA: dict[str, tuple[str, str, dict[str, Any]]] = {
+  'ssp2@stragglers': ('ssp2', 'stragglers', {}),
+  'async4@straggle': ('async4', 'straggle', {'fault.straggle': '7:8@4-16'}),
+  'gossip_ring@straggle': ('gossip_ring', 'straggle', {'fault.straggle': '7:8@4-16'}),
 }
 
 
-def entries(base_variants) -> dict[str, tuple[str, dict[str, Any]]]:
-  out = {name: (name, GROUPS.get(name, {})) for name in sorted(base_variants)}
-  out.update(EXTRA)
+def group_settings(groups, name: str) -> dict[str, Any]:
+  """The settings variant `name` runs with: none if a group without settings has it, else
+  those of the groups that have it (which must agree)."""
+  settings = [g.settings for g in groups.values() if name in g.variants]
+  if {} in settings:
+    return {}
+  if any(s != settings[0] for s in settings):
+    raise ValueError(f'variant {name!r} is in groups with different settings: {settings}')
+  return dict(settings[0])
+
+
+def entries(groups) -> dict[str, tuple[str, dict[str, Any]]]:
+  """(variant, settings) by entry name: every variant of the variants files, then `EXTRA`."""
+  names = sorted({name for g in groups.values() for name in g.variants})
+  out = {name: (name, group_settings(groups, name)) for name in names}
+  for entry, (name, group, overrides) in EXTRA.items():
+    out[entry] = (name, {**groups[group].settings, **overrides})
   return out
 
 
@@ -84,7 +79,9 @@ def _clean(record: dict[str, Any]) -> dict[str, Any]:
   return {k: v for k, v in record.items() if k not in IGNORED}
 
 
-def run_one(variant: str, overrides: dict[str, Any], workdir: str) -> dict[str, Any]:
+def run_one(
+  variant: str, overrides: dict[str, Any], variants: dict[str, Any], workdir: str
+) -> dict[str, Any]:
   from jaxdist.train import compare, factory, metrics, trainer
 
   settings = {'steps': FLAGS.steps, 'eval_every': 12, 'checkpoint_every': 12}
@@ -92,7 +89,7 @@ def run_one(variant: str, overrides: dict[str, Any], workdir: str) -> dict[str, 
   settings.update(overrides)
   try:
     base = factory.load_config(os.path.join(REPO, 'configs', 'digits.py:runlocal'), **settings)
-    config = compare.variant_config(base, variant)
+    config = compare.variant_config(base, variants, variant)
     summary = trainer.train_and_evaluate(config, workdir, fresh=True)
   except Exception as e:  # recorded: a refactor must fail the same way
     traceback.print_exc()
@@ -137,9 +134,11 @@ def main(argv: list[str]) -> None:
   from jaxdist.train import cli
 
   cli.setup(8)
-  from jaxdist.train import config as config_lib
+  from jaxdist.train import compare
 
-  todo = entries(config_lib.variants())
+  groups = compare.load_groups(VARIANTS_DIR)
+  variants = compare.known_variants(groups.values())
+  todo = entries(groups)
   if FLAGS.only:
     unknown = sorted(set(FLAGS.only) - set(todo))
     if unknown:
@@ -149,7 +148,7 @@ def main(argv: list[str]) -> None:
   got = {}
   for name, (variant, overrides) in todo.items():
     print(f'=== {name}', flush=True)
-    got[name] = run_one(variant, overrides, os.path.join(FLAGS.workdir, name))
+    got[name] = run_one(variant, overrides, variants, os.path.join(FLAGS.workdir, name))
   if FLAGS.out:
     with open(FLAGS.out + '.tmp', 'w') as f:
       json.dump(got, f, indent=0, sort_keys=True)

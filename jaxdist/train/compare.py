@@ -1,11 +1,16 @@
-"""Several variants of one experiment, side by side: one table, one plot."""
+"""Several variants of one experiment, side by side: one table, one plot.
+
+The variants come from variants files (`Group`, configs/variants/<group>.py):
+`choose` reads one, `variant_config` applies a variant to the base config.
+"""
 
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import ml_collections
@@ -17,18 +22,113 @@ from jaxdist.train import factory, ledger, metrics, report, resume, trainer
 TABLE_FILE = 'compare.md'
 PLOT_FILE = 'compare.png'
 
+Overrides = dict[str, Any]  # a variant: nested keys of the config, e.g. {'sync': {'method': ...}}
 
-def variant_config(base: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-  """`base` with the overrides of variant `name` applied."""
-  if name not in base.variants:
-    close = difflib.get_close_matches(name, list(base.variants), n=1)
+
+class Group(NamedTuple):
+  """A variants file (`configs/variants/<group>.py`): what its runs share, and its variants.
+
+  Attributes:
+    path: the file.
+    settings: its `SETTINGS` (optional): dotted keys of the base config,
+      e.g. `{'workers': 3}`, set before the command line's `--config.*`.
+    variants: its `VARIANTS`: name -> overrides, set last; in the order the
+      table lists them (the first variant's final accuracy is the target).
+  """
+
+  path: str
+  settings: dict[str, Any]
+  variants: dict[str, Overrides]
+
+
+def load_group(path: str) -> Group:
+  """The variants file at `path`: a Python file, like a config file, with `VARIANTS`."""
+  if not os.path.isfile(path):
+    folder = os.path.dirname(path)
+    here = os.listdir(folder or '.') if os.path.isdir(folder or '.') else []
+    close = difflib.get_close_matches(os.path.basename(path), here, n=1)
+    hint = f'; did you mean {os.path.join(folder, close[0])}?' if close else ''
+    raise factory.ConfigError(f'no variants file at {path}{hint}')
+  spec = importlib.util.spec_from_file_location('_jaxdist_variants', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not isinstance(getattr(module, 'VARIANTS', None), dict):
+    raise factory.ConfigError(f'{path} has no VARIANTS dict (variant name -> overrides)')
+  return Group(path, dict(getattr(module, 'SETTINGS', {})), dict(module.VARIANTS))
+
+
+def load_groups(folder: str) -> dict[str, Group]:
+  """Every variants file in `folder`, by its name less `.py`, in name order."""
+  files = sorted(f for f in os.listdir(folder) if f.endswith('.py') and not f.startswith('_'))
+  return {f.removesuffix('.py'): load_group(os.path.join(folder, f)) for f in files}
+
+
+def known_variants(groups: Iterable[Group]) -> dict[str, Overrides]:
+  """Every variant of `groups` by name: a name means one thing, in whichever file it is."""
+  out, where = {}, {}
+  for group in groups:
+    for name, overrides in group.variants.items():
+      if name in out and out[name] != overrides:
+        raise factory.ConfigError(
+          f'variant {name!r} differs between {where[name]} and {group.path}; one name, one variant'
+        )
+      out.setdefault(name, overrides)
+      where.setdefault(name, group.path)
+  return out
+
+
+def choose(
+  base: ml_collections.ConfigDict,
+  path: str,
+  only: Sequence[str] | None = None,
+  *,
+  folder: str,
+  keep: Collection[str] = (),
+) -> tuple[ml_collections.ConfigDict, dict[str, Overrides]]:
+  """`base` with the settings of the variants file at `path`, and the variants to train.
+
+  The file's settings are set on a copy of `base`, except the keys in `keep`
+  (those the command line set: they win). The variants, in order, are `only`
+  (by name: the file's, or else any of the variants files in `folder`) or
+  the file's own. Every name is checked before anything trains.
+  """
+  group = load_group(path)
+  known = {**known_variants(load_groups(folder).values()), **group.variants}
+  config = base.copy_and_resolve_references()
+  for key, value in group.settings.items():
+    if key not in keep:
+      _set(config, key, value, f'{path}: SETTINGS')
+  names = list(only) if only else list(group.variants)
+  return config, {name: _lookup(known, name) for name in names}
+
+
+def variant_config(
+  base: ml_collections.ConfigDict, variants: Mapping[str, Overrides], name: str
+) -> ml_collections.ConfigDict:
+  """`base` with the overrides of variant `name` (one of `variants`) applied."""
+  config = ml_collections.ConfigDict(base.to_dict())
+  _update(config, _lookup(variants, name), name)
+  return config
+
+
+def _lookup(variants: Mapping[str, Overrides], name: str) -> Overrides:
+  if name not in variants:
+    close = difflib.get_close_matches(name, list(variants), n=1)
     hint = f' (did you mean {close[0]!r}?)' if close else ''
     raise factory.ConfigError(
-      f'unknown variant {name!r}{hint}; the config has {sorted(base.variants)}'
+      f'unknown variant {name!r}{hint}; the variants files have {sorted(variants)}'
     )
-  config = ml_collections.ConfigDict(base.to_dict())
-  _update(config, base.variants[name].to_dict(), name)
-  return config
+  return variants[name]
+
+
+def _set(config: ml_collections.ConfigDict, key: str, value: Any, where: str) -> None:
+  *parents, last = key.split('.')
+  node = config
+  for part in parents:
+    node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+  if not isinstance(node, ml_collections.ConfigDict) or last not in node:
+    raise factory.ConfigError(f'{where} sets {key!r}, which the config does not have')
+  node[last] = value
 
 
 def _update(node: ml_collections.ConfigDict, overrides: dict[str, Any], where: str) -> None:
@@ -44,13 +144,13 @@ def _update(node: ml_collections.ConfigDict, overrides: dict[str, Any], where: s
 def run(
   base: ml_collections.ConfigDict,
   workdir: str,
-  names: Sequence[str],
+  variants: Mapping[str, Overrides],
   results: str | None = None,
   command: str = '',
   *,
   fresh: bool = False,
 ) -> list[dict[str, Any]]:
-  """Trains each variant in workdir/<name> (resuming any that exist); returns the table rows.
+  """Trains each of `variants` in workdir/<name> (resuming any there); returns the table rows.
 
   Every variant's config, and whether its run in workdir/<name> may resume
   with it (`resume.check_resume`), is checked before any trains; with
@@ -61,9 +161,9 @@ def run(
   and the markdown and the plot also to `results` and its `.png` if given
   (the README's tables are copies of such files: `experiments/readme_tables.py`).
   """
-  if not names:
+  if not variants:
     raise factory.ConfigError('no variants to compare')
-  configs = {name: variant_config(base, name) for name in names}  # all checked before training
+  configs = {name: variant_config(base, variants, name) for name in variants}  # checked first
   clocks = {
     name: factory.build(c, os.path.join(workdir, name)).clock for name, c in configs.items()
   }

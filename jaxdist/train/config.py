@@ -16,7 +16,9 @@ sections. Three kinds of value stand for objects the trainer builds:
 - `bucketed_allreduce.buckets` is a bucket size in bytes (DDP-style fixed
   buckets in backward order).
 
-Only data here: `jaxdist.train.factory` turns names into objects.
+Only data here: `jaxdist.train.factory` turns names into objects. `method`
+and `compressed` write a variant's overrides for the variants files
+(configs/variants/<group>.py, read by `jaxdist.train.compare`).
 """
 
 from __future__ import annotations
@@ -208,7 +210,86 @@ def network() -> ml_collections.ConfigDict:
   return n
 
 
-ADOPT_RATIOS = (0.1, 0.0333, 0.0111, 0.0037, 0.0012)  # jd.control.ADOPT_CANDIDATES
+def batching() -> dict[str, Any]:
+  """`config.batching`, the per-worker batches, and its controllers' sections."""
+  # Per-worker batches on a heterogeneous cluster (Tyagi & Sharma 2020): 'uniform',
+  # 'static' (in proportion to the cluster's speeds) or 'dynamic' (the proportional
+  # controller on the modelled iteration times, jd.control.dynamic_batching). Uneven
+  # batches are averaged with weights b_k / G (sync.weighted_allreduce): they need
+  # sync.method=allreduce and a config.cluster. Each worker holds b_max examples
+  # (default: the global batch) and trains on its first b_k.
+  # 'stream': ScaDLES's stream-proportional batches (config.cluster.stream_rates and
+  # config.streams), averaged with weights b_k / Σb and the learning rate scaled by Σb / B;
+  # with stream rates and 'uniform' batches, every worker waits for its B / K examples
+  # (the paper's fixed-batch baseline).
+  return dict(
+    batching='uniform',
+    dynamic_batching=dict(b_min=1, b_max=_int(), deadband=0.05, decay=0.5, interval=10),
+    # ScaDLES's buffers and batch bounds (jd.control.streams); b_max defaults to the global batch
+    streams=dict(b_min=8, b_max=_int(), buffer='truncation', interval_s=1.0),
+  )
+
+
+def partition() -> dict[str, Any]:
+  """`config.partition`: which examples each worker trains on (`jd.data.Partition`).
+
+  `kind`: 'iid' (slices of one shuffled global batch), 'seldp' (SelSync's
+  rotation: every worker reads the whole dataset, from its own chunk on) or
+  'labels' (non-IID: each worker holds labels_per_worker labels), with
+  randomised data injection: a fraction inject_alpha of the workers shares
+  inject_beta of its batch with every other worker each step (bytes counted).
+  """
+  return dict(kind='iid', labels_per_worker=1, inject_alpha=0.0, inject_beta=0.0)
+
+
+def adaptive() -> dict[str, Any]:
+  """`config.adaptive`, the controller that picks the compression ratio, and its sections.
+
+  Adaptive compression (jaxdist.control.ratio): 'gravac' (Tyagi & Swany, CLOUD
+  2023), 'scadles' (ScaDLES's compress-or-not rule) or 'adopt' (ADOPT) choose
+  compressed_allreduce's candidate ratio (or dense; ADOPT also the collective)
+  each step from the workers' measured compression gains; 'none' keeps it fixed.
+  """
+  return dict(
+    adaptive='none',
+    gravac=dict(
+      epsilon=0.7, omega=0.01, window=500, policy='exponential', theta_min=10.0,
+      theta_max=1000.0, decay=0.9,
+    ),
+    scadles_compression=dict(delta=0.3, decay=0.9),
+    # 'adopt' (Tyagi & Swany, BigData 2023): ratios from sync.compressed_allreduce.ratios
+    # (default jd.control.ADOPT_CANDIDATES), collective='auto', on the first network profile
+    adopt=dict(
+      warmup_steps=20, explore_steps=10, gain_threshold=0.1, window=5, smoothing=0.01,
+      weights='0.6,0.4', seed=1,
+    ),
+  )  # fmt: skip
+
+
+def fault() -> ml_collections.ConfigDict:
+  """`config.fault`: fault injection (`jaxdist.faults.inject`).
+
+  kill_at_step: SIGKILL the process after this step is logged, losing the
+  steps since the last checkpoint (0 = never). straggle:
+  'worker:factor@start-end', comma-separated: the worker computes factor x
+  slower on steps start+1..end (the modelled clock; each method's waiting
+  rule decides who waits). drop: 'worker@start[-end]': the worker takes no
+  part in steps start+1..end (for good without an end); the weighted
+  all-reduce averages over the others (needs sync.method=allreduce).
+  """
+  f = ml_collections.ConfigDict()
+  f.kill_at_step = 0
+  f.straggle = ''
+  f.drop = ''
+  return f
+
+
+# --- override helpers for the variants files (configs/variants/<group>.py) ---------------
+
+
+def method(name: str, **args: Any) -> dict[str, Any]:
+  """A variant's overrides: sync method `name`, with `args` set in its section."""
+  return {'sync': {'method': name, name: args}} if args else {'sync': {'method': name}}
 
 
 def compressed(name: str, collective: str = 'allgather', **args: Any) -> dict[str, Any]:
@@ -219,118 +300,7 @@ def compressed(name: str, collective: str = 'allgather', **args: Any) -> dict[st
   }
 
 
-def variants() -> ml_collections.ConfigDict:
-  """Named overrides for `experiments/compare.py`: one per method studied."""
-  slow = {'learning_rate': 0.05, 'nesterov': False}
-  noef = compressed('topk', ratio=0.01)
-  noef['sync']['compressed_allreduce']['error_feedback'] = False
-
-  def method(name: str, **args: Any) -> dict[str, Any]:
-    return {'sync': {'method': name, name: args}} if args else {'sync': {'method': name}}
-
-  def delayed(delay: int, *fixes: str) -> dict[str, Any]:
-    sync = {'method': 'gradient_delay', 'gradient_delay': {'delay': str(delay)}}
-    return {'optimizer': slow, 'sync': {**sync, 'compensation': ','.join(fixes)}}
-
-  def hetero(cores: str, batching: str) -> dict[str, Any]:
-    return {
-      'cluster': {'cores': cores},
-      'batching': batching,
-      'dynamic_batching': {'b_max': 64},
-    }
-
-  def streamed(rates: str, batching: str, buffer: str) -> dict[str, Any]:
-    # mean batch S · 0.25 s: S10's 64/s gives 16, the per-worker batch of 128 over 8 workers
-    return {
-      'cluster': {'stream_rates': rates},
-      'batching': batching,
-      'streams': {'interval_s': 0.25, 'b_max': 64, 'buffer': buffer},
-    }
-
-  def partition(kind: str, alpha: float = 0.0, beta: float = 0.0, **sync: Any) -> dict[str, Any]:
-    out = {'partition': {'kind': kind, 'inject_alpha': alpha, 'inject_beta': beta}}
-    return {**out, 'sync': sync} if sync else out
-
-  sc, lwp = 'spike_compensation', 'linear_weight_prediction'
-  return ml_collections.ConfigDict(
-    {
-      # compression
-      'dense': method('allreduce'),
-      'topk1_ef': compressed('topk', ratio=0.01, selection='bisect'),  # 'auto' = top_k at 151K
-      'artopk1': compressed('topk', 'allreduce', ratio=0.01),
-      'dgc1': compressed('dgc', ratio=0.01),  # Top-k 1% from DGC's sampled threshold
-      # hierarchical Top-k (run with devices=nodes, e.g. workers=16 devices=2: 2 nodes x 8)
-      'hitopk': {**compressed('topk', ratio=0.01), 'sync': {'method': 'hitopk_allreduce'}},
-      'powersgd2': method('powersgd', rank=2),
-      'qsgd8': compressed('qsgd', levels=127),
-      'topk1_noef': noef,
-      # less synchronisation
-      'bsp': method('allreduce'),
-      'local4': method('local_sgd', period=4),
-      'local16': method('local_sgd', period=16),
-      'diloco8': method('diloco', period=8),
-      'selsync': method('selsync', threshold=0.3),
-      'selsync01': method('selsync', threshold=0.1),
-      'ssp2': method('ssp', staleness=2),
-      'async4': method('async_sgd', max_delay=4),
-      'gossip_ring': method('gossip', topology='ring'),
-      'sma': method('sma'),
-      # simulated failures (config.fault; run with 8 workers): workers dropping out
-      'drop1_at20': {'fault': {'drop': '7@20'}},
-      'drop1_20_60': {'fault': {'drop': '7@20-60'}},
-      'drop4_at20': {'fault': {'drop': '4@20,5@20,6@20,7@20'}},
-      # delay-tolerant training and scheduling
-      'od_sgd': method('od_sgd'),
-      'ssd_sgd': method('ssd_sgd', k=5, compensation=0.04),
-      'cd_sgd': method('cd_sgd', k=5),
-      'tick_tock': method('tick_tock', waves=2),
-      'bucketed': method('bucketed_allreduce', buckets=65536),
-      # delayed gradients (pipeline staleness) at a learning rate they survive
-      'bsp_lr05': {'optimizer': slow},
-      'delay2': delayed(2),
-      'delay2_sc': delayed(2, sc),
-      'delay4': delayed(4),
-      'delay4_sc': delayed(4, sc),
-      'delay4_lwp': delayed(4, lwp),
-      'delay4_sc_lwp': delayed(4, sc, lwp),
-      # heterogeneous workers (Tyagi & Sharma 2020's H-levels; run with workers=3)
-      'uniform_h2': hetero('h2', 'uniform'),
-      'dynamic_h2': hetero('h2', 'dynamic'),
-      'uniform_h10': hetero('h10', 'uniform'),
-      'dynamic_h10': hetero('h10', 'dynamic'),
-      # adaptive compression: GraVAC and ScaDLES's rule against fixed Top-k (10x, 1000x)
-      'topk10x': compressed('topk', ratio=0.1),
-      'topk1000x': compressed('topk', ratio=0.001),
-      'gravac': {**compressed('topk', ratio=0.1), 'adaptive': 'gravac', 'gravac': {'window': 50}},
-      'scadles_rule': {**compressed('topk', ratio=0.1), 'adaptive': 'scadles'},
-      # ADOPT against each of its candidates held fixed (run with network.profiles=adopt_c1@25)
-      'adopt': {**compressed('topk', 'auto', ratio=0.1), 'adaptive': 'adopt'},
-      'adopt_lazy': {
-        **compressed('topk', 'auto', ratio=0.1),
-        'adaptive': 'adopt',
-        'adopt': {'gain_threshold': 0.5},
-      },
-      **{f'fixed{round(1 / r)}x': compressed('topk', 'auto', ratio=r) for r in ADOPT_RATIOS},
-      # streaming data (ScaDLES): the fixed-batch baseline with persistent buffers against
-      # stream-proportional batches with truncated ones, at two of the paper's rate sets
-      'ddl_s1': streamed('S1', 'uniform', 'persistence'),
-      'scadles_s1': streamed('S1', 'stream', 'truncation'),
-      'ddl_s10': streamed('S10', 'uniform', 'persistence'),
-      'scadles_s10': streamed('S10', 'stream', 'truncation'),
-      # non-IID data (run with workers=10: one label each) and randomised data injection
-      'iid': partition('iid'),
-      'seldp': partition('seldp'),
-      'labels1': partition('labels'),
-      'labels1_inject10': partition('labels', 0.1, 0.1),
-      'labels1_inject50': partition('labels', 0.5, 0.5),
-      'selsync_labels1_inject50': partition(
-        'labels', 0.5, 0.5, method='selsync', selsync={'threshold': 0.3}
-      ),
-      'selsync005_labels1_inject50': partition(
-        'labels', 0.5, 0.5, method='selsync', selsync={'threshold': 0.05}
-      ),
-    }
-  )
+ADOPT_RATIOS = (0.1, 0.0333, 0.0111, 0.0037, 0.0012)  # jd.control.ADOPT_CANDIDATES
 
 
 def base() -> ml_collections.ConfigDict:
@@ -368,44 +338,9 @@ def base() -> ml_collections.ConfigDict:
   config.compress = compress()
   config.network = network()
   config.cluster = cluster()
-  # Per-worker batches on a heterogeneous cluster (Tyagi & Sharma 2020): 'uniform',
-  # 'static' (in proportion to the cluster's speeds) or 'dynamic' (the proportional
-  # controller on the modelled iteration times, jd.control.dynamic_batching). Uneven
-  # batches are averaged with weights b_k / G (sync.weighted_allreduce): they need
-  # sync.method=allreduce and a config.cluster. Each worker holds b_max examples
-  # (default: the global batch) and trains on its first b_k.
-  # 'stream': ScaDLES's stream-proportional batches (config.cluster.stream_rates and
-  # config.streams), averaged with weights b_k / Σb and the learning rate scaled by Σb / B;
-  # with stream rates and 'uniform' batches, every worker waits for its B / K examples
-  # (the paper's fixed-batch baseline).
-  config.batching = 'uniform'
-  config.dynamic_batching = dict(b_min=1, b_max=_int(), deadband=0.05, decay=0.5, interval=10)
-  # ScaDLES's buffers and batch bounds (jd.control.streams); b_max defaults to the global batch
-  config.streams = dict(b_min=8, b_max=_int(), buffer='truncation', interval_s=1.0)
-
-  # Which examples each worker trains on (jd.data.Partition): 'iid' (slices of one shuffled
-  # global batch), 'seldp' (SelSync's rotation: every worker reads the whole dataset, from
-  # its own chunk on) or 'labels' (non-IID: each worker holds labels_per_worker labels),
-  # with randomised data injection: a fraction inject_alpha of the workers shares
-  # inject_beta of its batch with every other worker each step (bytes counted).
-  config.partition = dict(kind='iid', labels_per_worker=1, inject_alpha=0.0, inject_beta=0.0)
-
-  # Adaptive compression (jaxdist.control.ratio): 'gravac' (Tyagi & Swany, CLOUD 2023),
-  # 'scadles' (ScaDLES's compress-or-not rule) or 'adopt' (ADOPT) choose compressed_allreduce's
-  # candidate ratio (or dense; ADOPT also the collective) each step from the workers'
-  # measured compression gains.
-  config.adaptive = 'none'
-  config.gravac = dict(
-    epsilon=0.7, omega=0.01, window=500, policy='exponential', theta_min=10.0, theta_max=1000.0,
-    decay=0.9,
-  )  # fmt: skip
-  config.scadles_compression = dict(delta=0.3, decay=0.9)
-  # 'adopt' (Tyagi & Swany, BigData 2023): ratios from sync.compressed_allreduce.ratios
-  # (default jd.control.ADOPT_CANDIDATES), collective='auto', on the first network profile
-  config.adopt = dict(
-    warmup_steps=20, explore_steps=10, gain_threshold=0.1, window=5, smoothing=0.01,
-    weights='0.6,0.4', seed=1,
-  )  # fmt: skip
+  config.update(batching())
+  config.partition = partition()
+  config.update(adaptive())
 
   # Scavenger's gradient-noise indicator γ = mean_k ‖g_k‖² / ‖ḡ‖², measured every
   # noise_every steps (0: never) beside training, off the clock, EWMA with noise_decay.
@@ -418,20 +353,7 @@ def base() -> ml_collections.ConfigDict:
   config.keep_checkpoints = 2
   config.progress = True
 
-  # Fault injection (jaxdist.faults.inject). kill_at_step: SIGKILL the process after this
-  # step is logged, losing the steps since the last checkpoint (0 = never). straggle:
-  # 'worker:factor@start-end', comma-separated: the worker computes factor x slower on steps
-  # start+1..end (the modelled clock; each method's waiting rule decides who waits). drop:
-  # 'worker@start[-end]': the worker takes no part in steps start+1..end (for good without
-  # an end); the weighted all-reduce averages over the others (needs sync.method=allreduce).
-  config.fault = ml_collections.ConfigDict()
-  config.fault.kill_at_step = 0
-  config.fault.straggle = ''
-  config.fault.drop = ''
-
-  # Named variants for experiments/compare.py; `compare` lists the ones it trains.
-  config.variants = variants()
-  config.compare = 'dense,topk1_ef,artopk1,powersgd2'
+  config.fault = fault()
   return config
 
 

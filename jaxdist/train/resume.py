@@ -37,8 +37,8 @@ RUN_FILES = (
 # `elastic.check_same_run` refuses a change to or from 'device'), and what only watches or
 # keeps the run (evaluation, the gradient-noise measurement beside training, checkpoints,
 # progress bar, fault injection, where the data is, the budget of a measurement the
-# checkpoint keeps, the compare binary's variants). Any other change stops the resume
-# (`check_resume`).
+# checkpoint keeps; `compare`, `variants`: no config has them, older checkpoints' configs
+# hold the compare binary's variants there). Any other change stops the resume (`check_resume`).
 MAY_CHANGE_ON_RESUME = (
   'steps', 'workers', 'devices', 'sync.per_worker', 'eval_every', 'eval_batch_size',
   'noise_every', 'noise_decay', 'checkpoint_every', 'keep_checkpoints', 'progress',

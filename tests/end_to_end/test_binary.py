@@ -255,10 +255,15 @@ DIGITS = '--config=configs/digits.py:runlocal'
     ('train.py', [DIGITS, '--wrkdir=/tmp'], 'Did you mean: workdir'),
     ('compare.py', [DIGITS, '--only=dense,qsdg8'], "variant 'qsdg8' (did you mean 'qsgd8'?)"),
     ('elastic.py', [DIGITS, '--to=4,sixteen'], 'takes comma-separated integers'),
+    ('compare.py', [DIGITS, '--variants=configs/variants/compresion.py'],
+     'no variants file at configs/variants/compresion.py; did you mean '
+     'configs/variants/compression.py?'),
+    ('elastic.py', [DIGITS, '--only=dense,locl4'], "variant 'locl4' (did you mean 'local4'?)"),
   ],
   ids=[
     'section-key', 'top-key', 'compare-key', 'elastic-key', 'plan-key', 'config-file',
-    'config-arg', 'value', 'not-a-section', 'flag', 'variant', 'int-list',
+    'config-arg', 'value', 'not-a-section', 'flag', 'variant', 'int-list', 'variants-file',
+    'elastic-variant',
   ],
 )  # fmt: skip
 def test_a_bad_flag_key_or_config_argument_is_one_error_line(

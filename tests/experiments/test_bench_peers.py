@@ -64,7 +64,10 @@ def test_ddp_command_passes_side_by_side_sh_s_settings(bench):
     '--local_sgd_period', '4', '--tag', 'side_by_side'
   ]  # fmt: skip
   assert bench.ddp_command('py', '/p', 'dense', 3)[-4:-2] == ['--hook', 'none']
-  assert set(bench.DDP_ARGS) < set(bench.METHODS) and 'topk1_ef' not in bench.DDP_ARGS
+  from jaxdist.train import compare
+
+  methods = compare.load_group(bench.VARIANTS).variants
+  assert set(bench.DDP_ARGS) < set(methods) and 'topk1_ef' not in bench.DDP_ARGS
 
 
 def test_peer_output_is_the_last_json_object_line(bench):

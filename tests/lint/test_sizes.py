@@ -25,9 +25,6 @@ ALLOWED_FUNCTIONS = {
   'experiments/plan.py:plan': 180,
   'jaxdist/sync/compressed.py:compressed_allreduce': 137,
   'jaxdist/control/adopt.py:adopt': 128,
-  'jaxdist/train/config.py:variants': 111,
-  'jaxdist/train/config.py:base': 99,
-  'experiments/bench_peers.py:main': 97,
   'jaxdist/control/gravac.py:gravac': 95,
   'jaxdist/sync/compressed.py:update_fn': 90,
 }

@@ -187,5 +187,7 @@ def test_the_fixed_ratio_variants_are_adopt_s_candidates():
 
   assert config_lib.ADOPT_RATIOS == control.ADOPT_CANDIDATES
   names = [f'fixed{round(1 / r)}x' for r in control.ADOPT_CANDIDATES]
-  variants = config_lib.variants()
-  assert [variants[n].compress.topk.ratio for n in names] == list(control.ADOPT_CANDIDATES)
+  from jaxdist.train import compare
+
+  variants = compare.load_group(f'{REPO}/configs/variants/adopt.py').variants
+  assert [variants[n]['compress']['topk']['ratio'] for n in names] == list(control.ADOPT_CANDIDATES)

@@ -265,7 +265,8 @@ def test_the_devices_are_the_nodes_and_their_simulated_workers_the_local_ones():
 def compare_variant(name, **overrides):
   from jaxdist.train import compare
 
-  config = compare.variant_config(config_lib.base(), name)
+  variants = compare.load_group(f'{conftest.REPO}/configs/variants/hitopk.py').variants
+  config = compare.variant_config(config_lib.base(), variants, name)
   config.update_from_flattened_dict(overrides)
   return config
 

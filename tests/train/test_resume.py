@@ -29,13 +29,26 @@ SAVED = digits()  # 8 workers, 20 steps
     (10, {'devices': 4}),
     (20, {'progress': False, 'eval_every': 5, 'checkpoint_every': 5, 'keep_checkpoints': 3}),
     (10, {'noise_every': 0, 'eval_batch_size': 64}),
-    (10, {'fault.kill_at_step': 0, 'dataset.data_dir': '/data', 'compare': 'dense'}),
-    (20, {'variants.dense.sync.method': 'powersgd', 'network.compute_budget_s': 1.0}),
+    (10, {'fault.kill_at_step': 0, 'dataset.data_dir': '/data'}),
+    (20, {'network.compute_budget_s': 1.0}),
     (10, {'sync.per_worker': 'vmap'}),  # the same run (elastic refuses 'device' itself)
   ],
 )
 def test_a_run_resumes_with_its_config_and_the_changes_that_keep_it_one_run(step, overrides):
   assert resume.resume_problem(SAVED, digits(**overrides), step) is None
+
+
+@pytest.mark.parametrize('step', [10, 20])
+def test_a_checkpoint_whose_config_records_the_compare_binary_s_variants_resumes(step):
+  # the config record of checkpoints written when the config held the variants
+  saved = {
+    **SAVED,
+    'variants': {'dense': {'sync': {'method': 'allreduce'}}, 'powersgd2': {'sync': {
+      'method': 'powersgd', 'powersgd': {'rank': 2}}}},
+    'compare': 'dense,topk1_ef,artopk1,powersgd2',
+  }  # fmt: skip
+  assert 'variants' not in digits() and 'compare' not in digits()
+  assert trainer.resume_problem(saved, digits(), step) is None
 
 
 def test_a_run_does_not_resume_with_another_config():
