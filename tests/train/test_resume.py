@@ -48,7 +48,7 @@ def test_a_checkpoint_whose_config_records_the_compare_binary_s_variants_resumes
     'compare': 'dense,topk1_ef,artopk1,powersgd2',
   }  # fmt: skip
   assert 'variants' not in digits() and 'compare' not in digits()
-  assert trainer.resume_problem(saved, digits(), step) is None
+  assert resume.resume_problem(saved, digits(), step) is None
 
 
 def test_a_run_does_not_resume_with_another_config():
