@@ -15,8 +15,8 @@ partial searches over (K, B), and the choice by time, cost or Pareto knee.
 `adopt` (ADOPT, Tyagi & Swany, BigData 2023): the compression ratio among
 compiled candidates, by NSGA-II and ASF over fitted communication time and
 compression gain, with the exploration / re-solve loop of the paper. (The
-name is the controller's factory; its helpers: `jaxdist.control.adopt`'s
-module, e.g. `from jaxdist.control.adopt import solve`.)
+name is the controller's factory; its helpers: the `jaxdist.control.adopt`
+package's, e.g. `from jaxdist.control.adopt import solve`.)
 
 `gravac` (GraVAC, Tyagi & Swany, CLOUD 2023): the compression factor among a
 compiled grid (`candidate_factors`), scaled up every window while the gains

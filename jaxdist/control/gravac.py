@@ -76,6 +76,8 @@ https://arxiv.org/abs/2305.12201
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -229,6 +231,25 @@ def choose(state: GraVACState, *, gain_min: float, gain_cand: float, epsilon: fl
   return int(state.min_index) if gain_min >= epsilon else DENSE
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Settings:
+  """`gravac`'s arguments, checked: what `init`, `update` and the check read besides the state."""
+
+  grid: np.ndarray  # [F] the CFs, ascending
+  omega: float
+  window: int
+  policy: str
+  base: float
+
+  @property
+  def size(self) -> int:
+    return self.grid.size
+
+  @property
+  def theta_max(self) -> float:
+    return float(self.grid[-1])
+
+
 def gravac(
   factors: Sequence[float],
   *,
@@ -285,83 +306,88 @@ def gravac(
   if window < 1:
     raise ValueError(f'window must be >= 1, got {window}')
   _check_policy(policy, base)
-  size = grid.size
-  theta_max = float(grid[-1])
+  settings = _Settings(grid, omega=omega, window=window, policy=policy, base=base)
+  return GraVAC(functools.partial(_init, settings), functools.partial(_update, settings))
 
-  def index(target: float) -> int:
-    """The grid index of the smallest CF not below `target` (<= θ_max)."""
-    return int(np.searchsorted(grid, min(target, theta_max) * (1 - _RTOL), side='left'))
 
-  def init() -> GraVACState:
-    scale = min(float(base), theta_max)
-    return GraVACState(
-      min_index=0,
-      cand_index=index(grid[0] * scale),
-      scale=scale,
-      searching=True,
-      t_compression=np.full(size + 1, np.nan),
-      sent_steps=np.zeros(size + 1, np.int64),
-      step=0,
+def _index(st: _Settings, target: float) -> int:
+  """The grid index of the smallest CF not below `target` (<= θ_max)."""
+  return int(np.searchsorted(st.grid, min(target, st.theta_max) * (1 - _RTOL), side='left'))
+
+
+def _init(st: _Settings) -> GraVACState:
+  scale = min(float(st.base), st.theta_max)
+  return GraVACState(
+    min_index=0,
+    cand_index=_index(st, st.grid[0] * scale),
+    scale=scale,
+    searching=True,
+    t_compression=np.full(st.size + 1, np.nan),
+    sent_steps=np.zeros(st.size + 1, np.int64),
+    step=0,
+  )
+
+
+def _check(st: _Settings, state: GraVACState, gain_min: float, gain_cand: float) -> GraVACState:
+  """CheckGraVAC: scale θ_s, maybe raise θ_min, maybe stop at θ_ideal."""
+  grid, size, omega = st.grid, st.size, st.omega
+  scale = _scale(st.policy, st.base, float(state.scale), st.theta_max)
+  low = int(state.min_index)
+  if abs(gain_min - gain_cand) <= omega * gain_min:
+    low = _index(st, scale * grid[low])
+  cand = _index(st, grid[low] * scale)
+  t = np.asarray(state.t_compression, np.float64)
+  measured = np.flatnonzero(~np.isnan(t))  # grid indices ascending, then dense
+  if measured.size >= 2:
+    cf = np.where(measured == size, 1.0, grid[np.minimum(measured, size - 1)])
+    order = np.lexsort((cf, -t[measured]))  # largest T first; equal T: lower CF first
+    best, second = t[measured[order[0]]], t[measured[order[1]]]
+    if best - second <= omega * second:
+      ideal = float(min(cf[order[0]], cf[order[1]]))
+      cand = max(_index(st, ideal), low) if ideal > 1 else low
+      return state._replace(
+        min_index=low, cand_index=cand, scale=float(grid[cand] / grid[low]), searching=False
+      )
+  return state._replace(min_index=low, cand_index=cand, scale=scale)
+
+
+def _update(
+  st: _Settings,
+  state: GraVACState,
+  *,
+  gain_min: float,
+  gain_cand: float,
+  sent: int,
+  step_s: float,
+  samples: float,
+) -> GraVACState:
+  size = st.size
+  if np.shape(state.t_compression) != (size + 1,):
+    raise ValueError(
+      f'state must be for a grid of {size} CFs (t_compression of shape ({size + 1},)), '
+      f'got shape {np.shape(state.t_compression)}'
     )
-
-  def check(state: GraVACState, gain_min: float, gain_cand: float) -> GraVACState:
-    """CheckGraVAC: scale θ_s, maybe raise θ_min, maybe stop at θ_ideal."""
-    scale = _scale(policy, base, float(state.scale), theta_max)
-    low = int(state.min_index)
-    if abs(gain_min - gain_cand) <= omega * gain_min:
-      low = index(scale * grid[low])
-    cand = index(grid[low] * scale)
-    t = np.asarray(state.t_compression, np.float64)
-    measured = np.flatnonzero(~np.isnan(t))  # grid indices ascending, then dense
-    if measured.size >= 2:
-      cf = np.where(measured == size, 1.0, grid[np.minimum(measured, size - 1)])
-      order = np.lexsort((cf, -t[measured]))  # largest T first; equal T: lower CF first
-      best, second = t[measured[order[0]]], t[measured[order[1]]]
-      if best - second <= omega * second:
-        ideal = float(min(cf[order[0]], cf[order[1]]))
-        cand = max(index(ideal), low) if ideal > 1 else low
-        return state._replace(
-          min_index=low, cand_index=cand, scale=float(grid[cand] / grid[low]), searching=False
-        )
-    return state._replace(min_index=low, cand_index=cand, scale=scale)
-
-  def update(
-    state: GraVACState,
-    *,
-    gain_min: float,
-    gain_cand: float,
-    sent: int,
-    step_s: float,
-    samples: float,
-  ) -> GraVACState:
-    if np.shape(state.t_compression) != (size + 1,):
-      raise ValueError(
-        f'state must be for a grid of {size} CFs (t_compression of shape ({size + 1},)), '
-        f'got shape {np.shape(state.t_compression)}'
-      )
-    for name, gain in (('gain_min', gain_min), ('gain_cand', gain_cand)):
-      if not (math.isfinite(gain) and gain >= 0):
-        raise ValueError(f'{name} must be finite and >= 0, got {gain}')
-    if not (math.isfinite(step_s) and step_s > 0):
-      raise ValueError(f'step_s must be finite and > 0 seconds, got {step_s}')
-    if not (math.isfinite(samples) and samples > 0):
-      raise ValueError(f'samples must be finite and > 0, got {samples}')
-    low, cand = int(state.min_index), int(state.cand_index)
-    if sent not in (DENSE, low, cand):
-      raise ValueError(
-        f'sent must be the candidate index {cand}, the floor index {low} or {DENSE} (dense), '
-        f'got {sent}'
-      )
-    slot = size if sent == DENSE else int(sent)
-    gain = 1.0 if sent == DENSE else (gain_cand if sent == cand else gain_min)
-    t = np.array(state.t_compression, np.float64)
-    t[slot] = samples / step_s * gain
-    counts = np.array(state.sent_steps, np.int64)
-    counts[slot] += 1
-    step = int(state.step) + 1
-    state = state._replace(t_compression=t, sent_steps=counts, step=step)
-    if state.searching and step % window == 0:
-      state = check(state, float(gain_min), float(gain_cand))
-    return state
-
-  return GraVAC(init, update)
+  for name, gain in (('gain_min', gain_min), ('gain_cand', gain_cand)):
+    if not (math.isfinite(gain) and gain >= 0):
+      raise ValueError(f'{name} must be finite and >= 0, got {gain}')
+  if not (math.isfinite(step_s) and step_s > 0):
+    raise ValueError(f'step_s must be finite and > 0 seconds, got {step_s}')
+  if not (math.isfinite(samples) and samples > 0):
+    raise ValueError(f'samples must be finite and > 0, got {samples}')
+  low, cand = int(state.min_index), int(state.cand_index)
+  if sent not in (DENSE, low, cand):
+    raise ValueError(
+      f'sent must be the candidate index {cand}, the floor index {low} or {DENSE} (dense), '
+      f'got {sent}'
+    )
+  slot = size if sent == DENSE else int(sent)
+  gain = 1.0 if sent == DENSE else (gain_cand if sent == cand else gain_min)
+  t = np.array(state.t_compression, np.float64)
+  t[slot] = samples / step_s * gain
+  counts = np.array(state.sent_steps, np.int64)
+  counts[slot] += 1
+  step = int(state.step) + 1
+  state = state._replace(t_compression=t, sent_steps=counts, step=step)
+  if state.searching and step % st.window == 0:
+    state = _check(st, state, float(gain_min), float(gain_cand))
+  return state

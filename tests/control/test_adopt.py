@@ -16,6 +16,7 @@ import pytest
 from pymoo.decomposition.asf import ASF
 
 from jaxdist import compress, netmodel
+from jaxdist.control.adopt.choice import _asf
 from jaxdist.sync import compressed
 
 A = importlib.import_module('jaxdist.control.adopt')  # the module: `control.adopt` is the factory
@@ -136,7 +137,7 @@ def test_asf_is_pymoos_with_inverse_weights():
   # the authors' code: ASF().do(nF, 1 / weights), utopian point 0
   nF = np.array([[0.0, 1.0], [0.3, 0.4], [1.0, 0.0], [0.5, 0.5]])
   w = np.array([0.6, 0.4])
-  ours = A._asf(nF, np.zeros(2), np.ones(2), w)
+  ours = _asf(nF, np.zeros(2), np.ones(2), w)
   _close(ours, ASF().do(nF, 1 / w), 1e-12)
   _close(ours, [0.4, 0.18, 0.6, 0.3], 1e-12)
 
