@@ -100,8 +100,11 @@ class JobPlan(NamedTuple):
 
 
 class PlanError(ValueError):
-  """The measurements plan nothing: a model cannot be fitted, a configuration falls outside
-  the epoch model's range, or no configuration meets the caps."""
+  """The measurements plan no job (`plan_job`); the message says why.
+
+  A model cannot be fitted, a configuration falls outside the epoch model's
+  range, or no configuration meets the caps.
+  """
 
 
 def plan_job(
