@@ -10,7 +10,8 @@ aggregation weights and learning-rate scale of those batches.
 
 `scavenger` (Tyagi & Sharma, CCGrid 2023): the gradient-noise meter γ
 (`noise_meter`), affine time/cost models fitted to short profiles, full and
-partial searches over (K, B), and the choice by time, cost or Pareto knee.
+partial searches over (K, B), the choice by time, cost or Pareto knee, and a
+job planned with them, its trials given as a callable (`scavenger.plan_job`).
 
 `adopt` (ADOPT, Tyagi & Swany, BigData 2023): the compression ratio among
 compiled candidates, by NSGA-II and ASF over fitted communication time and

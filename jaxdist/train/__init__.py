@@ -8,6 +8,7 @@
   directory and checkpoints a run may resume from).
 - `ledger`: what each step sent and its modelled time; a run's summary.
 - `step`: the jitted, sharded train and eval steps.
+- `trials`: a config trained at K workers and batch B; Scavenger's job plan on them.
 """
 
 import importlib
@@ -15,7 +16,9 @@ from typing import Any
 
 # Loaded on first use, so that a binary can parse its flags (`cli`) before the training
 # stack (flax, orbax, tfds, matplotlib) loads.
-_MODULES = ('checkpoint', 'compare', 'config', 'factory', 'ledger', 'metrics', 'report')
+_MODULES = (
+  'checkpoint', 'compare', 'config', 'factory', 'ledger', 'metrics', 'report', 'trials',
+)  # fmt: skip
 _NAMES = {
   'ConfigError': 'factory',
   'Experiment': 'factory',
@@ -62,4 +65,5 @@ __all__ = [
   'metrics',
   'report',
   'train_and_evaluate',
+  'trials',
 ]

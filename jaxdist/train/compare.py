@@ -17,7 +17,7 @@ import ml_collections
 from matplotlib.figure import Figure
 
 from jaxdist.train import config as config_lib
-from jaxdist.train import factory, ledger, metrics, report, resume, trainer
+from jaxdist.train import factory, ledger, metrics, report, resume, trials
 
 TABLE_FILE = 'compare.md'
 PLOT_FILE = 'compare.png'
@@ -173,9 +173,7 @@ def run(
   runs = {}
   for name, config in configs.items():
     print(f'\n=== {name}')
-    summary = trainer.train_and_evaluate(config, os.path.join(workdir, name), fresh=fresh)
-    records = metrics.read_jsonl(os.path.join(workdir, name, metrics.METRICS_FILE))
-    runs[name] = Run(summary, records, clocks[name])
+    runs[name] = Run(*trials.train(config, os.path.join(workdir, name), fresh=fresh), clocks[name])
   networks = config_lib.names(base.network.profiles)
   rows = table_rows(runs, networks)
   columns = COLUMNS + tuple((f'tta@{n}', f'time to {rows[0]["target"]:.4f} @{n}') for n in networks)

@@ -7,6 +7,7 @@ backend is chosen at import and a notebook displays the returned figure.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,9 @@ import jax
 import tqdm
 from matplotlib import ticker
 from matplotlib.figure import Figure
+
+from jaxdist.control import scavenger
+from jaxdist.train import metrics
 
 
 def human_bytes(n: float) -> str:
@@ -150,6 +154,126 @@ def save(fig: Figure, path: str) -> str:
   """Writes `fig` as a PNG at `path`; returns the path."""
   fig.savefig(path, dpi=120)
   return path
+
+
+# Scavenger's job plan (`control.scavenger.plan_job`): its table's and its check's columns
+JOB_PLAN_COLUMNS = (
+  ('K', 'K'),
+  ('B', 'B'),
+  ('step_s', 'step s'),
+  ('gamma_normalized', 'γ/K'),
+  ('epochs', 'epochs'),
+  ('steps', 'steps'),
+  ('time_s', 'time s'),
+  ('cost', 'cost'),
+  ('mark', ''),
+)
+JOB_CHECK_COLUMNS = (
+  ('what', ''),
+  ('predicted', 'predicted'),
+  ('actual', 'actual'),
+  ('error', 'error'),
+)
+
+
+def write_job_plan(
+  workdir: str,
+  job: scavenger.JobPlan,
+  about: Mapping[str, Any],
+  *,
+  epoch_noise: str,
+  command: str = '',
+) -> dict[str, Any]:
+  """Shows a job plan on the console and writes plan.md, plan.json and plan.png into `workdir`.
+
+  Args:
+    workdir: the directory.
+    job: the plan (`control.scavenger.plan_job`).
+    about: what was planned, plan.json's first keys: search, objective,
+      caps, network, price_per_hour, dataset_size, target (test accuracy).
+    epoch_noise: which γ/K the epoch model was fitted on (for the header).
+    command: the command line, for the provenance line of plan.md.
+
+  Returns:
+    What plan.json holds.
+  """
+  chosen = job.chosen
+  rows = [
+    {
+      **_prediction(p),
+      'mark': ('chosen' if p == chosen else '') + (' pareto' if p in job.front else ''),
+    }
+    for p in job.table
+  ]
+  header = (
+    f'{about["search"]} search, D = {about["dataset_size"]}, price {about["price_per_hour"]}'
+    f'/worker-hour, network {about["network"]}, target test accuracy {about["target"]}, epoch '
+    f'model on {epoch_noise} γ/K; objective {about["objective"]}'
+  )
+  print(f'\n{header}\n')
+  if job.model is not None:
+    m = job.model
+    print(
+      f'fit: compute {m.c0:.3g} + {m.c1:.3g}·B/K s, sync {m.s0:.3g} + {m.s1:.3g}·K s, other '
+      f'{m.other_s:.2g} s; γ/K = {m.g0:.3g} + {m.g1:.3g}/√B; epochs = {m.e_star:.3g} '
+      f'{m.theta:+.3g}·γ/K\n'
+    )
+  print(table(rows, JOB_PLAN_COLUMNS))
+  for n in job.notes:
+    print(f'note: {n}')
+  key = (chosen.num_workers, chosen.batch_size)
+  reused = key in [(r.K, r.B) for r in job.target_runs]
+  note = ' (a run to the target of step 2: its epochs were in the fit)' if reused else ''
+  print(f'\nchosen K={key[0]}, B={key[1]}{note}: predicted vs actual\n')
+  print(table(job.compare, JOB_CHECK_COLUMNS))
+  plot_path = os.path.join(workdir, 'plan.png')
+  save(plot_job_plan(job, about['network']), plot_path)
+  parts = [provenance(command), header, markdown(rows, JOB_PLAN_COLUMNS)]
+  parts += [f'Note: {n}' for n in job.notes]
+  parts += [f'Chosen K={key[0]}, B={key[1]}{note}:', markdown(job.compare, JOB_CHECK_COLUMNS)]
+  metrics.write_atomic(os.path.join(workdir, 'plan.md'), '\n\n'.join(parts) + '\n')
+  out = {
+    **about, 'profiles': [_measured(p) for p in job.profiles],
+    'target_runs': [_measured(r) for r in job.target_runs],
+    'model': job.model._asdict() if job.model else None,
+    'table': [p._asdict() for p in job.table], 'chosen': chosen._asdict(),
+    'actual': _measured(job.actual), 'compare': job.compare,
+  }  # fmt: skip
+  metrics.write_atomic(os.path.join(workdir, 'plan.json'), json.dumps(out, indent=2))
+  print(f'\ntable: {os.path.join(workdir, "plan.md")}\nplot:  {plot_path}')
+  return out
+
+
+def _prediction(p) -> dict[str, Any]:
+  return {
+    'K': p.num_workers, 'B': p.batch_size, 'step_s': p.step_s,
+    'gamma_normalized': p.gamma_normalized, 'epochs': p.epochs, 'steps': p.steps,
+    'time_s': p.time_s, 'cost': p.cost,
+  }  # fmt: skip
+
+
+def _measured(m) -> dict[str, Any]:
+  """A `scavenger.Measurement` as a dict, less the fields a profile leaves empty."""
+  return {k: v for k, v in m._asdict().items() if v is not None}
+
+
+def plot_job_plan(job: scavenger.JobPlan, network: str) -> Figure:
+  """Predicted cost against time: every configuration, the Pareto front, the choice, the run."""
+  table, front, chosen, actual = job.table, job.front, job.chosen, job.actual
+  fig = Figure(figsize=(6.4, 4.4))
+  ax = fig.subplots()
+  ax.plot([p.time_s for p in table], [p.cost for p in table], 'o', color='0.6', label='predicted')
+  for p in table:
+    ax.annotate(f'{p.num_workers}×{p.batch_size}', (p.time_s, p.cost), fontsize=7,
+                xytext=(3, 3), textcoords='offset points')  # fmt: skip
+  ax.plot([p.time_s for p in front], [p.cost for p in front], '-', color='C0', label='Pareto front')
+  ax.plot(chosen.time_s, chosen.cost, '*', ms=14, color='C3', label='chosen (predicted)')
+  ax.plot(actual.time_s, actual.cost, 'x', ms=10, mew=2, color='k', label='chosen (run)')
+  ax.set(xlabel=f'modelled time to target (s) @ {network}', ylabel='cost (price × worker-hours)')
+  ax.grid(alpha=0.3)
+  ax.legend(loc='best', fontsize='small')
+  fig.tight_layout()
+  return fig
 
 
 class Progress(tqdm.tqdm):

@@ -347,3 +347,82 @@ def test_predict_errors():
       dataset_size=10,
       price_per_hour=1.0,
     )
+
+
+# --- the pipeline (plan_job) -----------------------------------------------------------
+
+D = 6400  # examples per epoch of the synthetic job
+
+
+def true_measure(calls: list):
+  """A `measure` of the synthetic job: every trial gives TRUE's step, γ/K and epochs exactly."""
+
+  def measure(kind: str, k: int, b: int, steps: int) -> scavenger.Measurement:
+    calls.append((kind, k, b, steps))
+    out = scavenger.Measurement(k, b, *profile(k, b)[2:])
+    if kind != 'target':
+      return out
+    n = TRUE.epochs(out.gamma_normalized) * D / b  # e·D/B steps of τ seconds
+    return out._replace(steps=n, time_s=n * out.step_s)
+
+  return measure
+
+
+def test_plan_job_profiles_the_corners_fits_chooses_and_checks():
+  calls = []
+  job = scavenger.plan_job(
+    true_measure(calls), workers=WORKERS, batches=BATCHES, targets=[(2, 64), (8, 1024)],
+    profile_steps=10, max_steps=50, dataset_size=D, price=0.9, objective='time',
+  )  # fmt: skip
+  corners = [('profile', k, b, 10) for k, b in [(2, 64), (2, 1024), (8, 64), (8, 1024)]]
+  assert calls[:6] == [*corners, ('target', 2, 64, 50), ('target', 8, 1024, 50)]
+  np.testing.assert_allclose(job.model, TRUE, rtol=1e-9, atol=1e-12)
+  assert [(p.num_workers, p.batch_size) for p in job.table] == [
+    (k, b) for k in WORKERS for b in BATCHES
+  ]
+  assert job.chosen == choose(job.table, 'time') and job.front == pareto_front(job.table)
+  # γ/K = 0.5 + 2/√64 = 0.75: e = 2 + 8·0.75 = 8 epochs = 8·6400/64 = 800 steps
+  assert job.target_runs[0].epochs == pytest.approx(8.0) and job.target_runs[0].steps == 800
+  key = (job.chosen.num_workers, job.chosen.batch_size)
+  assert key == (job.actual.K, job.actual.B)
+  assert len(calls) == 6 + (key not in [(2, 64), (8, 1024)])  # the choice trained if new
+  for run in (*job.target_runs, job.actual):  # cost = T / 3600 h · K · p
+    assert run.cost == pytest.approx(run.time_s / 3600 * run.K * 0.9)
+  assert [c['what'] for c in job.compare] == list(scavenger.pipeline.COMPARED)
+  for c in job.compare:  # the models are exact: predicted == actual
+    assert c['predicted'] == pytest.approx(c['actual']) and c['error'] in ('+0.0%', '-0.0%'), c
+  assert job.notes == []
+
+
+def test_plan_job_reuses_a_run_to_the_target_and_fits_on_predicted_noise():
+  calls = []
+  job = scavenger.plan_job(
+    true_measure(calls), workers=WORKERS, batches=BATCHES, targets=[(2, 64), (8, 1024)],
+    profile_steps=10, max_steps=50, dataset_size=D, price=0.9, search='full',
+    epoch_noise='predicted', objective='time', caps={'max_workers': 2, 'max_batch': 64},
+  )  # fmt: skip
+  assert job.model is None and len(job.table) == len(WORKERS) * len(BATCHES)
+  assert (job.chosen.num_workers, job.chosen.batch_size) == (2, 64)
+  assert job.actual == job.target_runs[0] and len(calls) == 9 + 2  # no trial for the choice
+
+
+def test_plan_job_errors():
+  calls = []
+  kwargs = dict(profile_steps=10, max_steps=50, dataset_size=D, price=0.9)
+  with pytest.raises(ValueError, match=r'every batch must be a multiple of every K.*\(8, 100\)'):
+    scavenger.plan_job(true_measure(calls), workers=WORKERS, batches=(100,), targets=[], **kwargs)
+  with pytest.raises(ValueError, match='targets must be two'):
+    scavenger.plan_job(
+      true_measure(calls), workers=WORKERS, batches=BATCHES, targets=[(2, 64)], **kwargs
+    )
+  assert calls == []  # checked before any trial
+  # γ/K depends on B only: two runs at one B cannot fit e = e* + θ·γ/K
+  with pytest.raises(scavenger.PlanError, match='different γ/K'):
+    scavenger.plan_job(
+      true_measure(calls), workers=WORKERS, batches=BATCHES, targets=[(2, 64), (4, 64)], **kwargs
+    )
+  with pytest.raises(scavenger.PlanError, match='no configuration satisfies max_cost'):
+    scavenger.plan_job(
+      true_measure([]), workers=WORKERS, batches=BATCHES, targets=[(2, 64), (8, 1024)],
+      caps={'max_cost': 1e-9}, **kwargs,
+    )  # fmt: skip

@@ -27,6 +27,7 @@ CONFIG_READERS = (  # rule 1: may read the config (files, or folders ending in /
   'jaxdist/train/factory/',
   'jaxdist/train/cli.py',
   'jaxdist/train/compare.py',
+  'jaxdist/train/trials.py',  # a trial sets K, B and steps; the job plan reads the price
 )
 LOWER = ('sync', 'compress', 'comm', 'netmodel', 'data', 'models', 'faults', 'control')
 
