@@ -145,15 +145,15 @@ def switch(choice: Choice, wire, n: int, count, extra, axis_name, run, operands)
   """
   stages, ways = len(choice.stages), len(choice.collectives)
   chosen = cheapest(choice, wire, n)
-  steered = choice.steered and ways > 1  # every pair compiled; `via` picks the collective
-  pairs = [(s, w) for s in range(stages) for w in range(ways)] if steered else enumerate(chosen)
+  by_via = choice.steered and ways > 1  # every pair compiled; `via` may pick the collective
+  pairs = [(s, w) for s in range(stages) for w in range(ways)] if by_via else enumerate(chosen)
   branches = [_branch(choice, s * ways + w, s, wire, run) for s, w in pairs]
   if choice.steered:
     branches.append(_branch(choice, stages * ways, None, wire, run))
   if choice.stage is None:
     return branches[0](*operands)
   index = choice.stage(count, extra)
-  if steered:
+  if by_via:
     cheap = jnp.asarray(chosen, jnp.int32)
     way = cheap[jnp.clip(index, 0, stages - 1)] if extra['via'] is None else extra['via']
     way = jnp.clip(jnp.asarray(way, jnp.int32), 0, ways - 1)

@@ -230,16 +230,7 @@ def compressed_allreduce(
   _check(compressor, collective, leader, min_size, momentum_correction, error_feedback)
   if gains not in ('all', 'sent'):
     raise ValueError(f"gains must be 'all' or 'sent', got {gains!r}")
-  if algorithm not in netmodel.ALGORITHMS:
-    raise ValueError(f'algorithm must be one of {netmodel.ALGORITHMS}, got {algorithm!r}')
-  net = netmodel.profile(network) if isinstance(network, str) else network
-  choice = _choice.warmup(compressor, warmup_steps, warmup_stages)
-  if ratios:
-    if warmup_steps:
-      raise ValueError('ratios and warmup_steps both choose the ratio per step: give one')
-    choice = _choice.candidates(compressor, ratios)
-  options = _exchange.collectives(compressor) if collective == 'auto' else (collective,)
-  choice = _choice.per_collective(choice, options, net, algorithm)
+  choice = _compose(compressor, collective, warmup_steps, warmup_stages, ratios, network, algorithm)
   layout = lambda tree: _layout(tree, choice, fused, min_size, leader)
 
   def init_fn(params):
@@ -264,23 +255,13 @@ def compressed_allreduce(
     leaves, treedef = jax.tree.flatten(updates)
     grads, ungroup = _groups(leaves, plan)
     wanted, momentum = _accumulate(grads, state, momentum_correction, nesterov, error_feedback)
+    key = jax.random.fold_in(state.key, state.count)
     run = functools.partial(
-      _exchange.run,
-      step_key=jax.random.fold_in(state.key, state.count),
-      axis_name=axis_name,
-      n=n,
-      leader=leader,
-      count=state.count,
+      _exchange.run, step_key=key, axis_name=axis_name, n=n, leader=leader, count=state.count
     )
+    extra, operands = {'candidate': candidate, 'via': via}, (wanted, state.compressor_state)
     mean, rest, sent_sq, mask, cstate, counts = _choice.switch(
-      choice,
-      wire,
-      n,
-      state.count,
-      {'candidate': candidate, 'via': via},
-      axis_name,
-      run,
-      (wanted, state.compressor_state),
+      choice, wire, n, state.count, extra, axis_name, run, operands
     )
     norms = (
       jnp.stack([sum(jnp.sum(x * x) for x in wanted), sent_sq])
@@ -331,6 +312,20 @@ def _check(compressor, collective, leader, min_size, momentum_correction, error_
     raise ValueError(f'momentum_correction must be in [0, 1), got {momentum_correction}')
   if momentum_correction and not (error_feedback and getattr(compressor, 'sparse', False)):
     raise ValueError('momentum_correction needs a sparsifier and error_feedback=True (as in DGC)')
+
+
+def _compose(compressor, collective, warmup_steps, warmup_stages, ratios, network, algorithm):
+  """The `_choice.Choice` of the arguments (checked): candidates or warm-up, and the collective."""
+  if algorithm not in netmodel.ALGORITHMS:
+    raise ValueError(f'algorithm must be one of {netmodel.ALGORITHMS}, got {algorithm!r}')
+  net = netmodel.profile(network) if isinstance(network, str) else network
+  choice = _choice.warmup(compressor, warmup_steps, warmup_stages)  # `fixed` without steps
+  if ratios:
+    if warmup_steps:
+      raise ValueError('ratios and warmup_steps both choose the ratio per step: give one')
+    choice = _choice.candidates(compressor, ratios)
+  options = _exchange.collectives(compressor) if collective == 'auto' else (collective,)
+  return _choice.per_collective(choice, options, net, algorithm)
 
 
 def _layout(tree, choice: _choice.Choice, fused: bool, min_size: int, leader: str):
