@@ -1,8 +1,8 @@
 """Optax gradient transformations that communicate over named worker axes.
 
-One module per method: `allreduce`, `compressed` (`compressed_allreduce`),
-`powersgd`, `bucketing` (`bucketed_allreduce`), `local_sgd`, `diloco`,
-`selsync`, `sma`, `gossip`, `stale` (`stale_sync`, `ssp`, `async_sgd`),
+One module per method: `allreduce`, `compressed` (`compressed_allreduce`; DGC's
+`local_clip` is in `clip`), `powersgd`, `bucketing` (`bucketed_allreduce`),
+`local_sgd`, `diloco`, `selsync`, `sma`, `gossip`, `stale` (`stale_sync`, `ssp`, `async_sgd`),
 `delay_tolerant` (`od_sgd`, `ssd_sgd`, `cd_sgd`), `pipeline` (gradient delay
 and its compensations) and `tick_tock`. Wrappers that keep workers in step:
 `finite` (`skip_nonfinite`) and `accumulate` (gradient accumulation). Bucket planning lives in
@@ -14,7 +14,8 @@ from jaxdist.probes import apply_updates
 from jaxdist.sync.accumulate import AccumulateState, accumulate
 from jaxdist.sync.allreduce import AllReduceState, allreduce
 from jaxdist.sync.bucketing import BucketedState, bucketed_allreduce
-from jaxdist.sync.compressed import CompressedState, compressed_allreduce, local_clip
+from jaxdist.sync.clip import local_clip
+from jaxdist.sync.compressed import CompressedState, compressed_allreduce
 from jaxdist.sync.delay_tolerant import DelayedState, cd_sgd, od_sgd, ssd_sgd
 from jaxdist.sync.diloco import DiLoCoState, diloco
 from jaxdist.sync.finite import SkipNonfiniteState, all_finite, skip_nonfinite

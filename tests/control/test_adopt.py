@@ -17,7 +17,7 @@ from pymoo.decomposition.asf import ASF
 
 from jaxdist import compress, netmodel
 from jaxdist.control.adopt.choice import _asf
-from jaxdist.sync import compressed
+from jaxdist.sync import _choice, _exchange, compressed
 
 A = importlib.import_module('jaxdist.control.adopt')  # the module: `control.adopt` is the factory
 
@@ -206,10 +206,12 @@ def test_comm_ms_is_netmodels_minimum_and_matches_cheapest(ratio, net, workers):
   assert cost.ms == pytest.approx(1e3 * min(costs.values()), rel=1e-12)
   assert costs[(cost.collective, cost.algorithm)] == pytest.approx(cost.ms / 1e3, rel=1e-12)
   # what compressed_allreduce(collective='auto', algorithm=...) would pick
-  plan = compressed._plan({'w': np.zeros(RESNET50, np.float32)}, True, 0)
   topk = compress.topk(ratio=ratio)
-  wire = [(0, c, compressed._transfers(topk, c, plan, 'star')) for c in ('allgather', 'allreduce')]
-  assert cost.collective == compressed._cheapest(wire, 0, workers, net, cost.algorithm)
+  options = _exchange.collectives(topk)
+  choice = _choice.per_collective(_choice.fixed(topk), options, net, cost.algorithm)
+  _, wire, _ = compressed._layout({'w': np.zeros(RESNET50, np.float32)}, choice, True, 0, 'star')
+  (way,) = _choice.cheapest(choice, wire, workers)
+  assert cost.collective == options[way]
 
 
 def test_comm_ms_rejects_bad_arguments():

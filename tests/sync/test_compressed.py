@@ -253,7 +253,7 @@ def test_cast_mean_keeps_values_in_the_subnormal_range(dtype, collective):
   ],
 )
 def test_cast_room_by_hand(dtype, collective, workers, room):
-  assert jd.sync.compressed._room(jnp.dtype(dtype), collective, workers) == room
+  assert jd.sync._exchange._room(jnp.dtype(dtype), collective, workers) == room
 
 
 def test_cast_all_reduce_sends_float16_and_one_float32_scale():
@@ -857,3 +857,79 @@ def test_an_index_out_of_range_sends_dense():
     run = make_run(candidates())
     run(worker_grads(), candidate=index)
     assert run.history[-1][-1] == 1 and sum(run.history[-1]) == 1
+
+
+# --- the wire tuple: every exchange's transfers, in branch order -----------------------
+# Written out by hand from the rule: for each stage (candidate ratio or warm-up stage), its
+# transfers with each collective in turn (so branch `index × collectives + way`), then, with
+# ratios, the dense all-reduce of the compressed groups, then the small leaves' all-reduce.
+# The model: conv 288 + dense 320 + bias 10 = 618 floats; Top-k keeps k = max(1, ⌊r·n⌋) and
+# sends 8k bytes (float32 values, int32 indices); AR-Top-k all-reduces 4k bytes of the
+# leader's indices (a broadcast), then 4k of values; VAR's leader costs a 4-byte all-gather.
+AG, AR, BC = comm.ALL_GATHER, comm.ALL_REDUCE, 'broadcast'
+
+
+def wire_of(run):
+  return [(t.kind, t.nbytes, t.op) for t in comm.find_transfers(run.state)]
+
+
+def ran(wire, entries):
+  return [int(i in entries) for i in range(len(wire))]
+
+
+def test_wire_of_ratio_and_collective_pairs_then_dense_by_hand():
+  run = make_run(candidates(collective='auto'))  # RATIOS 0.1, 0.01, 0.001: k = 61, 6, 1
+  want = [
+    (AG, 8 * 61, None), (AR, 4 * 61, BC), (AR, 4 * 61, None),  # 0.1: via 0, via 1
+    (AG, 8 * 6, None), (AR, 4 * 6, BC), (AR, 4 * 6, None),  # 0.01
+    (AG, 8 * 1, None), (AR, 4 * 1, BC), (AR, 4 * 1, None),  # 0.001
+    (AR, 4 * 618, None),  # dense
+  ]  # fmt: skip
+  assert wire_of(run) == want
+  # branch i·2 + j; AG is one transfer, AR-Top-k two; candidate 3 (out of range too): dense
+  runs = {(0, 1): {1, 2}, (2, 0): {6}, (1, 1): {4, 5}, (3, 0): {9}, (0, 0): {0}, (-1, 1): {9}}
+  for (i, j), entries in runs.items():
+    run(worker_grads(), candidate=i, via=j)
+    assert run.history[-1] == ran(want, entries), (i, j)
+
+
+def test_wire_of_unfused_candidates_then_dense_then_the_small_leaves_by_hand():
+  tx = jd.sync.compressed_allreduce(
+    C.topk(ratio=0.5), axis_name=runtime.AXES, ratios=RATIOS, fused=False, min_size=20
+  )
+  run = make_run(tx)  # groups conv 288 and dense 320 (k 28 + 32, 2 + 3, 1 + 1); bias 10 alone
+  want = [(AG, 8 * 60, None), (AG, 8 * 5, None), (AG, 8 * 2, None), (AR, 4 * 608, None)]
+  want.append((AR, 4 * 10, None))
+  assert wire_of(run) == want
+  for i, entries in [(1, {1, 4}), (3, {3, 4}), (0, {0, 4}), (2, {2, 4})]:
+    run(worker_grads(), candidate=i)
+    assert run.history[-1] == ran(want, entries), i
+
+
+def test_wire_of_warmup_stages_by_hand():
+  # topk 0.01 in 2 stages of 4 // 2 = 2 steps: ratios 0.01^(1/3), 0.01^(2/3), then 0.01
+  tx = jd.sync.compressed_allreduce(
+    C.topk(ratio=0.01), axis_name=runtime.AXES, collective='allreduce', leader='var',
+    warmup_steps=4, warmup_stages=2,
+  )  # fmt: skip
+  run = make_run(tx)
+  want = [
+    (AG, 4, None), (AR, 4 * 133, BC), (AR, 4 * 133, None),  # ⌊618 · 0.2154⌋
+    (AG, 4, None), (AR, 4 * 28, BC), (AR, 4 * 28, None),  # ⌊618 · 0.0464⌋
+    (AG, 4, None), (AR, 4 * 6, BC), (AR, 4 * 6, None),
+  ]  # fmt: skip
+  assert wire_of(run) == want
+  for step, stage in enumerate([0, 0, 1, 1, 2, 2]):
+    run(worker_grads(seed=step))
+    assert run.history[-1] == ran(want, {3 * stage, 3 * stage + 1, 3 * stage + 2}), step
+
+
+def test_wire_of_auto_for_a_summable_cast_by_hand():
+  tx = jd.sync.compressed_allreduce(
+    C.cast(dtype='float16'), axis_name=runtime.AXES, collective='auto'
+  )
+  run = make_run(tx)  # summable: all-reduce first; each after the 4-byte all-reduce of its scale
+  want = [(AR, 4, None), (AR, 2 * 618, None), (AR, 4, None), (AG, 2 * 618, None)]
+  assert wire_of(run) == want
+  run(worker_grads())
+  assert run.history[-1] in (ran(want, {0, 1}), ran(want, {2, 3}))

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from jaxdist import compress, netmodel
+from jaxdist.sync import _choice, _exchange
 from jaxdist.sync import compressed as _compressed
 
 
@@ -42,7 +43,7 @@ def comm_ms(
 
   Prices the transfers `compressed_allreduce` issues for a fused Top-k of
   `num_params` float32 values with `jaxdist.netmodel`, and picks per
-  algorithm as its `collective='auto'` does (`_cheapest`), then the cheapest
+  algorithm as its `collective='auto'` does (`_choice.cheapest`), then the cheapest
   algorithm: ADOPT's min over AG, ART-Ring (4a) and ART-Tree (4b).
 
   Args:
@@ -77,14 +78,13 @@ def comm_ms(
   if leader not in _compressed.LEADERS:
     raise ValueError(f'leader must be one of {_compressed.LEADERS}, got {leader!r}')
   topk = compress.topk(ratio=ratio)
-  plan = _compressed._Plan(compressed=(0,), dense=(), groups=(num_params,), fused=True)
-  wire = [
-    (0, col, _compressed._transfers(topk, col, plan, leader)) for col in ('allgather', 'allreduce')
-  ]
+  cols = ('allgather', 'allreduce')
+  wire = [_exchange.transfers(_exchange.Exchange(topk, c), (num_params,), leader) for c in cols]
   best = None
   for alg in algorithms:
-    col = _compressed._cheapest(wire, 0, num_workers, network, alg)
-    (ts,) = [ts for _, c, ts in wire if c == col]
+    choice = _choice.per_collective(_choice.fixed(topk), cols, network, alg)
+    (way,) = _choice.cheapest(choice, wire, num_workers)
+    col, ts = cols[way], wire[way]
     s = netmodel.comm_time(ts, num_workers, network, alg, counts=[1] * len(ts))
     if best is None or s < best[0]:
       best = (s, col, alg)
