@@ -78,12 +78,13 @@ results: $(VENV)/.installed
 	cp workdir/plan/plan.md workdir/plan/plan.png experiments/results/
 	$(PY) experiments/readme_tables.py
 
-# The newest versions pyproject.toml's ranges admit (base + test extras), for every platform
+# The newest versions pyproject.toml's ranges admit (the core and the `all` extra: every extra
+# but the accelerators'), for every platform
 # (markers where they differ), resolved by uv; then `make test` on them before committing.
 lock:
 	$(PYTHON) -m venv workdir/lock-venv
 	workdir/lock-venv/bin/pip install --quiet uv==$(UV_VERSION)
-	workdir/lock-venv/bin/uv pip compile pyproject.toml --extra test --universal \
+	workdir/lock-venv/bin/uv pip compile pyproject.toml --extra all --universal \
 	  --python-version 3.11 --fork-strategy fewest --upgrade --custom-compile-command 'make lock' -o $(LOCK)
 
 clean:
