@@ -1,6 +1,7 @@
 """The training loop: the only part of jaxdist that reads a config or does I/O.
 
-- `config`: the base config (every option and its default) and `:arg` parsing.
+- `config`: the base config (every option and its default), `:arg` parsing, and
+  `config_path`: the config files that come with jaxdist, by name.
 - `factory`: config -> dataset, model, optax chain, workers, networks.
 - `trainer`: `train_and_evaluate(config, workdir)`, `train(experiment)`: a run, on `loop.run`
   (its pieces: `feed` batches and evaluation data, `calibrate` the compute term, `host`
@@ -20,6 +21,7 @@ _NAMES = {
   'ConfigError': 'factory',
   'Experiment': 'factory',
   'build': 'factory',
+  'config_path': 'config',
   'load_config': 'factory',
   'SplitChain': 'step',
   'TrainState': 'step',
@@ -52,6 +54,7 @@ __all__ = [
   'checkpoint',
   'compare',
   'config',
+  'config_path',
   'factory',
   'ledger',
   'load_config',
