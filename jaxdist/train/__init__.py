@@ -11,8 +11,9 @@
 - `step`: the jitted, sharded train and eval steps.
 """
 
-import importlib
 from typing import Any
+
+from jaxdist import _load
 
 # Loaded on first use, so that a binary can parse its flags (`cli`) before the training
 # stack (flax, orbax, tfds, matplotlib) loads.
@@ -35,9 +36,9 @@ _NAMES = {
 
 def __getattr__(name: str) -> Any:
   if name in _NAMES:
-    return getattr(importlib.import_module(f'jaxdist.train.{_NAMES[name]}'), name)
+    return getattr(_load(f'jaxdist.train.{_NAMES[name]}', 'train'), name)
   if name in _MODULES:
-    return importlib.import_module(f'jaxdist.train.{name}')
+    return _load(f'jaxdist.train.{name}', 'train')
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
