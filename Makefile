@@ -12,7 +12,7 @@ LOCK := requirements.lock
 PIP_VERSION := 26.3
 UV_VERSION := 0.13.9
 
-.PHONY: run test lint format bench bench-peers results clean lock
+.PHONY: run test lint format bench bench-peers results clean lock wheel
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -78,13 +78,19 @@ results: $(VENV)/.installed
 	cp workdir/plan/plan.md workdir/plan/plan.png experiments/results/
 	$(PY) experiments/readme_tables.py
 
-# The newest versions pyproject.toml's ranges admit (base + test extras), for every platform
+# The newest versions pyproject.toml's ranges admit (the core and the `all` extra: every extra
+# but the accelerators'), for every platform
 # (markers where they differ), resolved by uv; then `make test` on them before committing.
 lock:
 	$(PYTHON) -m venv workdir/lock-venv
 	workdir/lock-venv/bin/pip install --quiet uv==$(UV_VERSION)
-	workdir/lock-venv/bin/uv pip compile pyproject.toml --extra test --universal \
+	workdir/lock-venv/bin/uv pip compile pyproject.toml --extra all --universal \
 	  --python-version 3.11 --fork-strategy fewest --upgrade --custom-compile-command 'make lock' -o $(LOCK)
 
+# The wheel and source distribution of a release, in dist/ (the build backend is the lock's).
+wheel: $(VENV)/.installed
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist .
+
 clean:
-	rm -rf $(VENV) workdir
+	rm -rf $(VENV) workdir dist build

@@ -1,6 +1,7 @@
 """The training loop: the only part of jaxdist that reads a config or does I/O.
 
-- `config`: the base config (every option and its default) and `:arg` parsing.
+- `config`: the base config (every option and its default), `:arg` parsing, and
+  `config_path`: the config files that come with jaxdist, by name.
 - `factory`: config -> dataset, model, optax chain, workers, networks.
 - `trainer`: `train_and_evaluate(config, workdir)`, `train(experiment)`: a run, on `loop.run`
   (its pieces: `feed` batches and evaluation data, `calibrate` the compute term, `host`
@@ -11,8 +12,9 @@
 - `trials`: a config trained at K workers and batch B; Scavenger's job plan on them.
 """
 
-import importlib
 from typing import Any
+
+from jaxdist import _load
 
 # Loaded on first use, so that a binary can parse its flags (`cli`) before the training
 # stack (flax, orbax, tfds, matplotlib) loads.
@@ -23,6 +25,7 @@ _NAMES = {
   'ConfigError': 'factory',
   'Experiment': 'factory',
   'build': 'factory',
+  'config_path': 'config',
   'load_config': 'factory',
   'SplitChain': 'step',
   'TrainState': 'step',
@@ -36,9 +39,9 @@ _NAMES = {
 
 def __getattr__(name: str) -> Any:
   if name in _NAMES:
-    return getattr(importlib.import_module(f'jaxdist.train.{_NAMES[name]}'), name)
+    return getattr(_load(f'jaxdist.train.{_NAMES[name]}', 'train'), name)
   if name in _MODULES:
-    return importlib.import_module(f'jaxdist.train.{name}')
+    return _load(f'jaxdist.train.{name}', 'train')
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
@@ -55,6 +58,7 @@ __all__ = [
   'checkpoint',
   'compare',
   'config',
+  'config_path',
   'factory',
   'ledger',
   'load_config',

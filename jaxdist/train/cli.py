@@ -20,6 +20,8 @@ import ml_collections
 from absl import flags, logging
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
+from jaxdist.train import config as config_lib
+
 _NOISY = ('/orbax/', '/tensorflow_datasets/', '/etils/', 'xla_bridge.py')
 _EXCEPTION_PREFIX = re.compile(r'^(?:[\w.]+(?:Error|Exception)): ')
 KEYS_LISTED = 20  # a section's keys named in full when a key is unknown, at most
@@ -78,8 +80,10 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
   closest names where there are some: `--config.sync.local_sgd.perod:
   config.sync.local_sgd has no key 'perod'; did you mean 'period'?`.
   Anything else a config file raises (a bug in it) keeps its traceback.
+  A config file that comes with jaxdist may be named from anywhere:
+  `--config=digits.py:runlocal` (`config.config_path`).
   """
-  argv = list(argv)
+  argv = _shipped_configs(argv)
   try:
     rest = flags.FLAGS(argv)
     for name in _config_flags():
@@ -94,6 +98,20 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
       raise
     fail(message)
   return rest
+
+
+def _shipped_configs(argv: Sequence[str]) -> list[str]:
+  """argv, each config-file flag's file that is not there named by its shipped path (`find`)."""
+  argv = list(argv)
+  for i, arg in enumerate(argv):
+    for name in _config_flags():
+      match = re.fullmatch(rf'(--?{name}=)([^:]*)(.*)', arg, re.DOTALL)
+      if match:
+        argv[i] = match[1] + config_lib.find(match[2]) + match[3]
+      elif re.fullmatch(rf'--?{name}', arg) and i + 1 < len(argv):
+        path, colon, rest = argv[i + 1].partition(':')
+        argv[i + 1] = config_lib.find(path) + colon + rest
+  return argv
 
 
 def _config_flags() -> list[str]:

@@ -42,7 +42,12 @@ class Group(NamedTuple):
 
 
 def load_group(path: str) -> Group:
-  """The variants file at `path`: a Python file, like a config file, with `VARIANTS`."""
+  """The variants file at `path`: a Python file, like a config file, with `VARIANTS`.
+
+  Where no file of that path exists, a variants file that comes with jaxdist by
+  that name: `load_group('variants/default.py')` (`config.config_path`).
+  """
+  path = config_lib.find(path)
   if not os.path.isfile(path):
     folder = os.path.dirname(path)
     here = os.listdir(folder or '.') if os.path.isdir(folder or '.') else []

@@ -16,6 +16,11 @@ sections. Three kinds of value stand for objects the trainer builds:
 - `bucketed_allreduce.buckets` is a bucket size in bytes (DDP-style fixed
   buckets in backward order).
 
+The config files that come with jaxdist (the repository's configs/) are
+found by name from anywhere, installed or not: `config_path('digits.py')`;
+`factory.load_config('digits.py:runlocal')` and the binaries' `--config=`
+take the name where no file of that path exists.
+
 Only data here: `jaxdist.train.factory` turns names into objects. `method`
 and `compressed` write a variant's overrides for the variants files
 (configs/variants/<group>.py, read by `jaxdist.train.compare`).
@@ -24,6 +29,7 @@ and `compressed` write a variant's overrides for the variants files
 from __future__ import annotations
 
 import difflib
+import os
 from typing import Any
 
 import ml_collections
@@ -355,6 +361,32 @@ def base() -> ml_collections.ConfigDict:
 
   config.fault = fault()
   return config
+
+
+def config_path(name: str = '') -> str:
+  """The path of a config file that comes with jaxdist, e.g. `config_path('digits.py')`.
+
+  The repository's configs/ folder installs with the package as
+  `jaxdist/configs`; in a checkout (or an editable install) it is read where
+  it lies, beside the package. `config_path()` is the folder itself,
+  `config_path('variants/default.py')` a variants file.
+  """
+  package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  folder = os.path.join(package, 'configs')
+  if not os.path.isdir(folder):
+    folder = os.path.join(os.path.dirname(package), 'configs')
+  return os.path.join(folder, name)
+
+
+def find(path: str) -> str:
+  """`path` where a file is there, else the config file that comes with jaxdist by that name.
+
+  A name that is neither stays as it is, for the caller's error.
+  """
+  if os.path.isfile(path) or os.path.isabs(path):
+    return path
+  shipped = config_path(path)
+  return shipped if os.path.isfile(shipped) else path
 
 
 def names(text: str) -> list[str]:

@@ -286,6 +286,25 @@ def test_a_bad_flag_key_or_config_argument_is_one_error_line(
 
 
 @pytest.mark.parametrize(
+  'args', [['--config=digits.py:runlokal'], ['--config', 'digits.py:runlokal']], ids=['=', 'space']
+)
+def test_a_config_that_comes_with_jaxdist_is_named_from_anywhere(tmp_path, data_dir, args):
+  proc = subprocess.run(
+    binary_cmd(*args, f'--workdir={tmp_path / "run"}'),
+    env=binary_env(data_dir),
+    capture_output=True,
+    text=True,
+    timeout=TIMEOUT,
+    cwd=tmp_path,  # no configs/ here: configs/digits.py is found by name, and its `:arg` read
+  )
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert proc.stderr.strip().splitlines() == [
+    f"error: --config={REPO}/configs/digits.py:runlokal: unknown config argument 'runlokal' "
+    "(did you mean 'runlocal'?); this config takes ['runlocal', 'workers']"
+  ]
+
+
+@pytest.mark.parametrize(
   'method, option',
   [
     ('diloco', 'diloco.period=2'),

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from jaxdist import compress, runtime, sync
+from jaxdist.train import compare, factory, methods
 from jaxdist.train import config as config_lib
-from jaxdist.train import factory, methods
 
 from conftest import REPO
 
@@ -114,6 +114,27 @@ def test_config_arguments_after_the_colon():
     factory.load_config(os.path.join(REPO, 'configs/digits.py') + ':worker=4')
   with pytest.raises(ValueError, match=r'workers takes a int, got .four.'):
     factory.load_config(os.path.join(REPO, 'configs/digits.py') + ':workers=four')
+
+
+def test_the_shipped_configs_are_found_by_name_from_anywhere(tmp_path, monkeypatch):
+  assert config_lib.config_path() == os.path.join(REPO, 'configs', '')  # a checkout
+  assert config_lib.config_path('variants/default.py') == f'{REPO}/configs/variants/default.py'
+  monkeypatch.chdir(tmp_path)  # no configs/ here
+  by_name = factory.load_config('digits.py:runlocal,workers=4', steps=7)
+  by_path = factory.load_config(f'{REPO}/configs/digits.py:runlocal,workers=4', steps=7)
+  assert by_name == by_path and (by_name.workers, by_name.steps) == (4, 7)
+  group = compare.load_group('variants/default.py')
+  assert group.path == f'{REPO}/configs/variants/default.py' and 'dense' in group.variants
+  (tmp_path / 'digits.py').write_text(
+    'from jaxdist.train import config\n'
+    'def get_config(arg=None):\n'
+    '  c = config.base()\n'
+    '  c.steps = 3\n'
+    '  return c\n'
+  )
+  assert factory.load_config('digits.py').steps == 3  # a file of that path comes first
+  with pytest.raises(factory.ConfigError, match=r'no config file at digit.py \(nor in .*/configs/'):
+    factory.load_config('digit.py')
 
 
 def test_both_configs_build_on_the_one_base():

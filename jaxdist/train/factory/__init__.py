@@ -72,13 +72,16 @@ def load_config(spec: str, **overrides: Any) -> ml_collections.ConfigDict:
   """A config from `path/to/config.py[:arg]`, as `--config=` reads it.
 
   Args:
-    spec: the config file, optionally followed by `:arg` (e.g. `:runlocal,workers=16`).
+    spec: the config file, optionally followed by `:arg` (e.g. `:runlocal,workers=16`);
+      where no file of that path exists, a config file that comes with jaxdist by that
+      name (`config_lib.config_path`): `load_config('digits.py:runlocal')`.
     **overrides: dotted keys to set afterwards, e.g. `**{'sync.method': 'local_sgd'}`.
   """
-  path, _, arg = spec.partition(':')
+  name, _, arg = spec.partition(':')
+  path = config_lib.find(name)
   module_spec = importlib.util.spec_from_file_location('_jaxdist_config', path)
   if module_spec is None or not os.path.exists(path):
-    raise ConfigError(f'no config file at {path}')
+    raise ConfigError(f'no config file at {path} (nor in {config_lib.config_path()})')
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
   config = module.get_config(arg or None)
