@@ -76,7 +76,7 @@ results: $(VENV)/.installed
 	  --variants=configs/variants/elastic.py --results=experiments/results/elastic.md
 	$(PY) experiments/plan.py --workdir=workdir/plan
 	cp workdir/plan/plan.md workdir/plan/plan.png experiments/results/
-	$(PY) experiments/readme_tables.py
+	$(PY) experiments/docs_tables.py
 
 # The newest versions pyproject.toml's ranges admit (base + test extras), for every platform
 # (markers where they differ), resolved by uv; then `make test` on them before committing.
