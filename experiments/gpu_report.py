@@ -221,7 +221,7 @@ def compress_section(logs: str, info: dict, cores: str) -> list[str]:
     out += [
       f'Against the back-to-back pass at {hbm:,.0f} GB/s the best approximate top-k, {name}, '
       f'takes {best[name]:.2f}x at {largest:,} floats: '
-      f"{'within' if best[name] <= 3 else 'over'} 3x."
+      f'{"within" if best[name] <= 3 else "over"} 3x.'
     ]
   out += ['', _provenance(_command(text), info, cores), '']
   return out
@@ -298,7 +298,7 @@ def render(logs: str = LOGS) -> str:
     'With one GPU there is no sharded row: the 8-worker layout that uses 8 devices on the '
     'CPU runs here as 8 workers simulated with `vmap` on the one device, and every worker '
     "row is simulated. `make_train_step`'s `per_worker='auto'` picks `vmap` on a GPU (the "
-    "trainer picks `mean` for a plain all-reduce, which this run did not measure); the "
+    'trainer picks `mean` for a plain all-reduce, which this run did not measure); the '
     "`loop` rows (the CPU's choice) run the workers one after the other. Windows are timed "
     'after a warm-up; '
     "ms/step is the global batch over samples/s; memory is XLA's compiled memory analysis "
