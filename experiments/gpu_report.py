@@ -59,7 +59,7 @@ def text_tables(text: str) -> list[tuple[int, list[dict[str, str]]]]:
 
 
 def _command(text: str) -> str:
-  """The log's `command:` line, as the README writes commands (`python experiments/...`)."""
+  """The log's `command:` line, as the docs write commands (`python experiments/...`)."""
   command = re.search(r'^command: (.*)$', text, re.M)[1]
   return re.sub(r'^\S*python3?\s', 'python ', command)
 
