@@ -1,8 +1,11 @@
-"""Griffe extension: a Google-style `Example:` section is read as `Examples:`.
+"""Griffe extensions for jaxdist's API reference (mkdocs.yml names them).
 
-jaxdist's docstrings head their doctests `Example:` (as the Google style guide
-and Sphinx's napoleon accept); griffe parses only `Examples:` as code, and
-would render the singular as an admonition whose `>>>` lines are quotes.
+- `ExampleSections`: jaxdist's docstrings head their doctests `Example:` (as
+  the Google style guide and Sphinx's napoleon accept); griffe parses only
+  `Examples:` as code, and would render the singular as an admonition whose
+  `>>>` lines are quotes.
+- `ImportedOverModule`: `jaxdist.sync.diloco` is the function its package
+  imports, not the module of the same name it shadows.
 """
 
 import re
@@ -28,6 +31,9 @@ class ImportedOverModule(griffe.Extension):
   """
 
   def on_package(self, *, pkg: griffe.Module, **kwargs) -> None:
+    self._swap(pkg)
+
+  def on_package_loaded(self, *, pkg: griffe.Module, **kwargs) -> None:  # griffe 1.x's name
     self._swap(pkg)
 
   def _swap(self, module: griffe.Module) -> None:
