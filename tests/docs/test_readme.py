@@ -13,7 +13,7 @@ from conftest import REPO, xla_flags_for_tests
 LINK = re.compile(r'\]\(([^)\s]+)\)')
 # development history: issue numbers, commit hashes, paths of the machine that ran something
 HISTORY = re.compile(
-  r'\bissue \d+|\bcommit [0-9a-f]{7}|\bat [0-9a-f]{7,40}\b|/root/|/work/|\.\./shared/|'
+  r'\bissue \d+|\b(?:commit|at) (?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b|/root/|/work/|\.\./shared/|'
   r'what changed since',
   re.I,
 )
