@@ -12,7 +12,7 @@ LOCK := requirements.lock
 PIP_VERSION := 26.3
 UV_VERSION := 0.13.9
 
-.PHONY: run test lint format bench bench-peers results clean lock wheel
+.PHONY: run test lint format docs bench bench-peers results clean lock wheel
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -36,20 +36,25 @@ lint: $(VENV)/.installed
 format: $(VENV)/.installed
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
 
+# The documentation site (mkdocs.yml, pages in docs/), built into site/; any warning (a broken
+# link, anchor or API reference) is an error.
+docs: $(VENV)/.installed
+	$(VENV)/bin/mkdocs build --strict
+
 bench: $(VENV)/.installed
 	$(PY) experiments/bench_step.py
 
-# ../shared/peers/side_by_side.sh's work: jaxdist's half, and PyTorch DDP's beside it with
+# jaxdist beside PyTorch DDP on the digits CNN: jaxdist's half, and DDP's beside it with
 # TORCH_PYTHON=path/to/torchenv/bin/python (a separate venv with torch; never this one)
 bench-peers: $(VENV)/.installed
 	$(PY) experiments/bench_peers.py --workdir=workdir/peers \
 	  $(if $(TORCH_PYTHON),--torch_python=$(TORCH_PYTHON))
 
-# The README's measured tables: each group of variants (configs/variants/<group>.py: its
+# The docs' measured tables: each group of variants (configs/variants/<group>.py: its
 # variants and the settings they share) trained side by side, its markdown table written to
-# experiments/results/<group>.md, then copied into README.md. A work directory holds runs of
-# one config (a variant reruns there only with the config that trained it): groups whose
-# settings change the config beyond new variant names train in their own.
+# experiments/results/<group>.md, then copied into the pages under docs/. A work directory
+# holds runs of one config (a variant reruns there only with the config that trained it):
+# groups whose settings change the config beyond new variant names train in their own.
 RESULTS = $(PY) experiments/compare.py --config=configs/digits.py --workdir=workdir/results \
 	--config.progress=False
 group = $(RESULTS) --variants=configs/variants/$(1).py --results=experiments/results/$(1).md $(2)
@@ -76,7 +81,7 @@ results: $(VENV)/.installed
 	  --variants=configs/variants/elastic.py --results=experiments/results/elastic.md
 	$(PY) experiments/plan.py --workdir=workdir/plan
 	cp workdir/plan/plan.md workdir/plan/plan.png experiments/results/
-	$(PY) experiments/readme_tables.py
+	$(PY) experiments/docs_tables.py
 
 # The newest versions pyproject.toml's ranges admit (the core and the `all` extra: every extra
 # but the accelerators'), for every platform
@@ -93,4 +98,4 @@ wheel: $(VENV)/.installed
 	$(PY) -m build --no-isolation --outdir dist .
 
 clean:
-	rm -rf $(VENV) workdir dist build
+	rm -rf $(VENV) workdir dist build site

@@ -38,7 +38,7 @@ flags.DEFINE_string(
 flags.DEFINE_list(
   'only', None, 'Variants to train, by name: any in configs/variants/ (default: the whole file).'
 )
-flags.DEFINE_string('results', None, 'Also write the markdown table here (e.g. for the README).')
+flags.DEFINE_string('results', None, 'Also write the markdown table here (e.g. for the docs).')
 flags.DEFINE_integer('cpu_devices', 8, 'CPU devices to create when running on the CPU.')
 flags.DEFINE_bool(
   'fresh', False, "Start afresh: delete the variants' runs in --workdir instead of resuming them."

@@ -1,4 +1,4 @@
-r"""Writes the GPU section (issue 14) from the logs that experiments/results/gpu/gpu_run.sh left.
+r"""Writes the GPU tables of the docs from the logs that experiments/results/gpu/gpu_run.sh left.
 
 gpu_run.sh ran once on a one-GPU machine: bench_step (ResNet-20 at 8 and 256 simulated
 workers, and the default CNN), bench_compress at 1M, 10M and 100M floats, and `make run`'s
@@ -59,7 +59,7 @@ def text_tables(text: str) -> list[tuple[int, list[dict[str, str]]]]:
 
 
 def _command(text: str) -> str:
-  """The log's `command:` line, as the README writes commands (`python experiments/...`)."""
+  """The log's `command:` line, as the docs write commands (`python experiments/...`)."""
   command = re.search(r'^command: (.*)$', text, re.M)[1]
   return re.sub(r'^\S*python3?\s', 'python ', command)
 
@@ -221,7 +221,7 @@ def compress_section(logs: str, info: dict, cores: str) -> list[str]:
     out += [
       f'Against the back-to-back pass at {hbm:,.0f} GB/s the best approximate top-k, {name}, '
       f'takes {best[name]:.2f}x at {largest:,} floats: '
-      f"{'within' if best[name] <= 3 else 'over'} the issue's 3x."
+      f'{"within" if best[name] <= 3 else "over"} 3x.'
     ]
   out += ['', _provenance(_command(text), info, cores), '']
   return out
@@ -298,7 +298,7 @@ def render(logs: str = LOGS) -> str:
     'With one GPU there is no sharded row: the 8-worker layout that uses 8 devices on the '
     'CPU runs here as 8 workers simulated with `vmap` on the one device, and every worker '
     "row is simulated. `make_train_step`'s `per_worker='auto'` picks `vmap` on a GPU (the "
-    "trainer's picks `mean` for a plain all-reduce since c6b6d92, after this run); the "
+    'trainer picks `mean` for a plain all-reduce, which this run did not measure); the '
     "`loop` rows (the CPU's choice) run the workers one after the other. Windows are timed "
     'after a warm-up; '
     "ms/step is the global batch over samples/s; memory is XLA's compiled memory analysis "

@@ -47,6 +47,15 @@ class Record(NamedTuple):
 
 
 class Controller(NamedTuple):
+  """A host controller: pure functions over a state it owns (see the module docstring).
+
+  Attributes:
+    init: `() -> state`.
+    plan: `(state, t) -> Plan`, what step t (0-based) runs with.
+    observe: `(state, record) -> (state, fields)`, the fields added to the step's log.
+    summary: `state -> dict`, what the controller adds to the run's summary.
+  """
+
   init: Callable[[], Any]
   plan: Callable[[Any, int], Plan]
   observe: Callable[[Any, Record], tuple[Any, dict[str, Any]]]

@@ -87,7 +87,8 @@ def synthetic(
   Args:
     image_shape: [H, W, C] of one image.
     num_classes: how many classes (prototypes).
-    train_size, test_size: examples in each split.
+    train_size: examples in the train split.
+    test_size: examples in the test split.
     seed: seeds the prototypes, the labels and the noise.
     signal: the prototypes' scale against the noise's (> 0): smaller is
       harder.
@@ -148,7 +149,8 @@ def load(
       `~/tensorflow_datasets`).
     download: let tfds download and prepare a missing dataset (needs the
       internet, and TensorFlow for most datasets).
-    train_split, test_split: tfds split names, slicing allowed (`train[:90%]`).
+    train_split: the train split's tfds name, slicing allowed (`train[:90%]`).
+    test_split: the test split's tfds name, slicing allowed.
 
   Returns:
     The `Dataset`.

@@ -2,8 +2,8 @@
 
 `config.fault` (`jaxdist.train.config`) names them; the trainer applies them.
 Both act on simulated workers inside one program, so no process dies (for
-that, `config.fault.kill_at_step` SIGKILLs the process; see the README's
-dead-peer section).
+that, `config.fault.kill_at_step` SIGKILLs the process; see the docs' guide
+"GPUs, TPUs and multiple hosts", section "A dead peer").
 
 - A **straggle** `worker:factor@start-end` multiplies worker `worker`'s compute
   time by `factor` on steps start+1 .. end (the records' 1-based step

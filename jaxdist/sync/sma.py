@@ -34,7 +34,7 @@ def sma(
   before the step:  w_j <- w_j − η∇ − c_j  and  z <- z + Σ_j c_j + μ(z − z_prev).
   Learners may diverge; the average model moves by their corrections, with
   momentum. Put it after the optimizer. α = 0 leaves learners independent.
-  Evaluation in this library uses the learners' mean, not z (see README).
+  Evaluation in this library uses the learners' mean, not z.
 
   Args:
     alpha: correction weight α (Crossbow suggests about 1/number of learners).

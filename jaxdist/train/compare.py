@@ -164,7 +164,7 @@ def run(
   Writes `compare.md` (the table in markdown, with the command, machine and
   date that produced it), `compare.json` and `compare.png` into `workdir`,
   and the markdown and the plot also to `results` and its `.png` if given
-  (the README's tables are copies of such files: `experiments/readme_tables.py`).
+  (the docs' tables are copies of such files: `experiments/docs_tables.py`).
   """
   if not variants:
     raise factory.ConfigError('no variants to compare')
@@ -197,7 +197,7 @@ def run(
     json.dump(rows, f, indent=2)
   figure = plot(runs, networks)
   report.save(figure, os.path.join(workdir, PLOT_FILE))
-  if results:  # the README shows the plot beside its table
+  if results:  # the docs show the plot beside its table
     report.save(figure, os.path.splitext(results)[0] + '.png')
   print(f'plot: {os.path.join(workdir, PLOT_FILE)}')
   return rows

@@ -99,7 +99,8 @@ def train_with_failures(
     steps: training steps that count (recomputed steps come on top).
     batch_size: the global batch, a multiple of the workers.
     model: the dense part (default: `DLRM(embed_dim=16)`).
-    lr_tables, lr_mlp: learning rates of the tables and (SGD) of the MLP.
+    lr_tables: learning rate of the tables.
+    lr_mlp: learning rate (SGD) of the MLP.
     optimizer: the tables', 'rowwise_adagrad' or 'sgd' (`jaxdist.faults.hybrid`).
     seed: the model's initialisation.
     failure_seed: the failure trace's seed.

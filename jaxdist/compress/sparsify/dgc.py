@@ -48,22 +48,22 @@ class DGC(_Sparsifier):
   larger one in their bin stay in the error-feedback residual.
 
   Why strided: large gradient elements come in runs (a layer's bias, the
-  last layer's weights), and a run inside one bin offers one element. Until
-  2026-11-24 the bins were contiguous runs of n/B elements. On the gradients
-  of the digits CNN and of ResNet-20 (synthetic CIFAR shapes), at 0, 50 and
-  200 steps and ratios 1% and 0.1%, contiguous bins filled 4-37% of the k
-  slots (ResNet-20: 4-7%) and kept 10-45% of exact Top-k's energy; strided
-  bins fill 61-89% and keep 68-98% (the gradients table of
-  `experiments/results/compress_bench.md`, in the README). On i.i.d. values
+  last layer's weights), and a run inside one bin offers one element. On the
+  gradients of the digits CNN and of ResNet-20 (synthetic CIFAR shapes), at
+  0, 50 and 200 steps and ratios 1% and 0.1%, contiguous bins of n/B
+  elements fill 4-37% of the k slots (ResNet-20: 4-7%) and keep 10-45% of
+  exact Top-k's energy; strided bins fill 61-89% and keep 68-98% (the
+  gradients table of `experiments/results/compress_bench.md`, in the docs'
+  benchmarks). On i.i.d. values
   the two layouts send alike: about 1 - e^(-1/2) = 79% of the slots fill
   with 2 bins per slot.
   Runs longer than B still collide. A NaN never ranks as a bin's largest;
   a NaN drawn into the sample makes the threshold NaN, and nothing is sent.
 
   Cost (encode + decode, a 2-core CPU, 1%): 2.51x a memory
-  pass at 10M floats, 2.69x at 10,000,008 and 3.00x at 1M in the README's
-  bench_compress run (the contiguous bins: 3.18x, 3.88x and 3.20x in the
-  run before). Scratch breakdown at 10M: one read of x folds each bin's
+  pass at 10M floats, 2.69x at 10,000,008 and 3.00x at 1M in the
+  bench_compress run of the docs' benchmarks (contiguous bins: 3.18x, 3.88x
+  and 3.20x). Scratch breakdown at 10M: one read of x folds each bin's
   largest and its row, vectorised across bins (`_strided_first_largest`,
   ~1 pass); the sample's k-th largest by bisection of its bit patterns
   (~0.17); the compaction of the 2k bins' mask into k slots (~0.3); k
@@ -77,7 +77,7 @@ class DGC(_Sparsifier):
   re-read x at random for every chosen bin (encode 2.5 passes instead of
   1.2). A `fori_loop` over the rows keeps them apart but runs its body on
   one thread (1.6-2.2 passes for the fold). At 0.1% (500 rows of 20K at
-  10M) the encode took 1.8 passes in scratch runs, as the contiguous bins'.
+  10M) the encode took 1.8 passes in scratch runs, as contiguous bins do.
 
   Reference: Lin, Han, Mao, Wang, Dally. Deep Gradient Compression. ICLR 2018.
   https://arxiv.org/abs/1712.01887
