@@ -12,7 +12,8 @@ Per run:
 
 - `variant`: the variant's name in its variants file; it trains in `<workdir>/<variant>`.
 - `sync`: the synchronisation method, `config.sync.method` (a `jd.sync` transform).
-- `workers`: the data-parallel workers K.
+- `workers`: the data-parallel workers K (`N → M at step S`: a run of N
+  workers that went on from its checkpoint at step S on M, `elastic.py`).
 - `steps`: the run's training steps.
 - `test acc`: the test accuracy of the worker-averaged model after the last step.
 - `vs first (pp)`: `test acc` less the first variant's, in percentage points.
@@ -24,6 +25,13 @@ Per run:
   `NET`: each step's compute (`worker step s`, or each worker's on a
   heterogeneous cluster, `config.cluster`) and its α-β communication time.
 - `cost @NET`: the price of those seconds: K × hours × `config.cluster.price`.
+- `test loss`: the test loss (cross-entropy) of that model.
+- `train loss (last step)`: the training loss of the last step's batches.
+- `Δ vs uninterrupted (pp)`: `test acc` less that of the run that never
+  stopped, in percentage points.
+- `test acc range after the resume step (pp)`: the highest less the lowest
+  test accuracy of the run's evaluations after the resume step, in
+  percentage points: the noise a `Δ vs uninterrupted` sits in.
 - `samples/s`: training examples per second of wall-clock time, all workers
   together, as measured on this machine (the compiling first step,
   evaluations and checkpoints left out).

@@ -1,4 +1,4 @@
-"""Several variants of one experiment, side by side: one table, one plot.
+"""Several variants of one experiment, side by side: a per-run and a per-step table, one plot.
 
 The variants come from variants files (`Group`, configs/variants/<group>.py):
 `choose` reads one, `variant_config` applies a variant to the base config.
@@ -151,13 +151,13 @@ def run(
   *,
   fresh: bool = False,
 ) -> list[dict[str, Any]]:
-  """Trains each of `variants` in workdir/<name> (resuming any there); returns the table rows.
+  """Trains each of `variants` in workdir/<name> (resuming any there); returns the tables' rows.
 
   Every variant's config, and whether its run in workdir/<name> may resume
   with it (`resume.check_resume`), is checked before any trains; with
   `fresh`, those runs are removed instead and every variant starts anew.
 
-  Writes `compare.md` (the table in markdown, with the command, machine and
+  Writes `compare.md` (the tables in markdown, with the command, machine and
   date that produced it), `compare.json` and `compare.png` into `workdir`,
   and the markdown and the plot also to `results` and its `.png` if given
   (the README's tables are copies of such files: `experiments/readme_tables.py`).
@@ -303,7 +303,7 @@ def accuracy_range(finals: Sequence[float], target: float, best: float) -> tuple
 def plot(runs: Mapping[str, Run], networks: Sequence[str], title: str = '') -> Figure:
   """Test accuracy against modelled time, one panel per network, with the target accuracy.
 
-  The target is the first variant's final accuracy, as in the table; the
+  The target is the first variant's final accuracy, as in the tables; the
   accuracy axis starts below the lowest final accuracy (`accuracy_range`).
   """
   target = next(iter(runs.values())).summary['test_accuracy']
