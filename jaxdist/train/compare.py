@@ -269,7 +269,7 @@ def table_rows(runs: dict[str, Run], networks: Sequence[str]) -> list[dict[str, 
       'synced': f'{summary["sync_fraction"]:.1%}' if summary['sync_fraction'] is not None else None,
       'worker_step_s': summary['worker_step_s'],
       'target': target,
-      **{key: summary[key] for key, _ in OPTIONAL if summary.get(key) is not None},
+      **{c.key: summary[c.key] for c in OPTIONAL if summary.get(c.key) is not None},
     }
     for net in networks:
       compute_s = summary['worker_step_s']

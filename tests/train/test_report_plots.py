@@ -18,11 +18,14 @@ def fake_run(finals, summary=None):
   return compare.Run(summary, records, lambda compute_s: None)
 
 
-RUNS = {
-  'dense': fake_run([0.60, 0.90, 0.95]),  # the target: 0.95
-  'topk1_ef': fake_run([0.50, 0.93, 0.97]),  # the best evaluation: 0.97
-  'topk1_noef': fake_run([0.40, 0.85, 0.90]),  # the lowest final: 0.90
+SUMMARY_FIELDS = {'payload_bytes_per_step': 8.0, 'sent_bytes_per_step': 14.0,
+                  'sync_fraction': 0.5, 'gamma_normalized': 0.4}  # fmt: skip
+EVALUATIONS = {
+  'dense': [0.60, 0.90, 0.95],  # the target: 0.95
+  'topk1_ef': [0.50, 0.93, 0.97],  # the best evaluation: 0.97
+  'topk1_noef': [0.40, 0.85, 0.90],  # the lowest final: 0.90
 }
+RUNS = {name: fake_run(accuracies) for name, accuracies in EVALUATIONS.items()}
 
 
 def test_accuracy_range_by_hand():
@@ -57,6 +60,17 @@ def test_compare_plot_has_a_title_the_target_line_and_a_range_that_shows_the_dif
       assert ax.get_ylim()[0] < ys[-1] < ax.get_ylim()[1] and ys[0] < ax.get_ylim()[0], name
   # time on x: 10 steps of 0.1 s per evaluation
   assert list(fig.axes[0].get_lines()[0].get_xdata()) == pytest.approx([1.0, 2.0, 3.0])
+
+
+def test_table_rows_time_each_variant_to_the_first_ones_final_accuracy():
+  runs = {name: fake_run(accuracies, SUMMARY_FIELDS) for name, accuracies in EVALUATIONS.items()}
+  rows = compare.table_rows(runs, ['1gbps'])
+  assert [r['variant'] for r in rows] == ['dense', 'topk1_ef', 'topk1_noef']
+  assert [r['target'] for r in rows] == [0.95] * 3
+  assert [r['delta_pp'] for r in rows] == pytest.approx([0, 2, -5])
+  # 0.95 reached at the third evaluation (step 30, 3 s), the second's 0.93 falls short
+  assert [r['tta@1gbps'] for r in rows] == ['3.00s (step 30)', '3.00s (step 30)', 'not reached']
+  assert rows[0]['gamma_normalized'] == 0.4 and rows[0]['synced'] == '50.0%'
 
 
 def test_plot_title_names_what_the_variants_differ_in():
