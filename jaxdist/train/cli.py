@@ -55,6 +55,16 @@ def setup(cpu_devices: int) -> None:
   logging.get_absl_handler().python_handler.addFilter(_quiet_libraries)
 
 
+def warnings_unless_asked() -> None:
+  """Sets absl's verbosity to warning unless `--verbosity`/`-v` is on the command line.
+
+  `app.run` raises an unset verbosity to info once the flags are parsed; set
+  here, it stays, and a run's console shows its tables, not `I1126 ...` lines.
+  """
+  if not flags.FLAGS['verbosity'].present:
+    flags.FLAGS.verbosity = logging.WARNING
+
+
 def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
   """Calls fn; a ConfigError becomes one `error:` line on stderr and exit status 2."""
   from jaxdist.train.factory import ConfigError
@@ -100,16 +110,6 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     fail(message)
   warnings_unless_asked()
   return rest
-
-
-def warnings_unless_asked() -> None:
-  """Sets absl's verbosity to warning unless `--verbosity`/`-v` is on the command line.
-
-  `app.run` raises an unset verbosity to info once the flags are parsed; set
-  here, it stays, and a run's console shows its tables, not `I1126 ...` lines.
-  """
-  if not flags.FLAGS['verbosity'].present:
-    flags.FLAGS.verbosity = logging.WARNING
 
 
 def _config_flags() -> list[str]:
