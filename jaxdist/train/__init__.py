@@ -8,6 +8,7 @@
   directory and checkpoints a run may resume from).
 - `ledger`: what each step sent and its modelled time; a run's summary.
 - `step`: the jitted, sharded train and eval steps.
+- `report`: the console's tables and the figures; `columns`: what each table column means.
 """
 
 import importlib
@@ -15,7 +16,7 @@ from typing import Any
 
 # Loaded on first use, so that a binary can parse its flags (`cli`) before the training
 # stack (flax, orbax, tfds, matplotlib) loads.
-_MODULES = ('checkpoint', 'compare', 'config', 'factory', 'ledger', 'metrics', 'report')
+_MODULES = ('checkpoint', 'columns', 'compare', 'config', 'factory', 'ledger', 'metrics', 'report')
 _NAMES = {
   'ConfigError': 'factory',
   'Experiment': 'factory',
@@ -50,6 +51,7 @@ __all__ = [
   'TrainState',
   'build',
   'checkpoint',
+  'columns',
   'compare',
   'config',
   'factory',
