@@ -2,7 +2,8 @@
 install cell, run in a fresh venv, leaves `import jaxdist` working in the same process.
 
 The install cell is run as Colab runs it, in one Python process with no jaxdist, but
-installing from a copy of this checkout (`JAXDIST_SOURCE=file://...`) instead of GitHub.
+installing from a copy of this checkout (`JAXDIST_SOURCE=file://...`) instead of GitHub;
+then the config the notebooks name (`digits.py`) loads from the installed package.
 The venv sees the test environment's packages (jaxdist's dependencies, pip, setuptools;
 not jaxdist itself) through a folder of links, so pip builds and installs jaxdist alone:
 no dependencies, no index, no build isolation, nothing downloaded.
@@ -119,7 +120,8 @@ def run_in_venv(tmp_path, script):
 CHECK = """
 import json
 print('RESULT ' + json.dumps({'missing_before': MISSING, 'file': jd.__file__,
-                              'compressed_allreduce': callable(jd.sync.compressed_allreduce)}))
+                              'compressed_allreduce': callable(jd.sync.compressed_allreduce),
+                              'steps': jd.train.load_config('digits.py:runlocal').steps}))
 """
 
 
@@ -134,6 +136,7 @@ def test_install_cell_leaves_jaxdist_importable_in_the_same_process(path, tmp_pa
   # installed, not editable: the package's files are in the venv's site-packages
   assert result['file'] == os.path.join(site_packages, 'jaxdist', '__init__.py')
   assert result['compressed_allreduce']
+  assert result['steps'] == 20, 'the config the notebooks name comes with the installed package'
 
 
 def test_an_editable_install_in_the_running_process_is_what_fails(tmp_path):
