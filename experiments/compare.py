@@ -1,10 +1,11 @@
-r"""Trains several variants of one config and compares them in one table and plot.
+r"""Trains several variants of one config and compares them in two tables and a plot.
 
 The variants come from a variants file (configs/variants/<group>.py: its
 `VARIANTS`, and `SETTINGS` the group shares); each trains into
-workdir/<name>. The table gives test accuracy, bytes per worker per step,
-and modelled time to the first variant's final accuracy on each network
-profile; `compare.png` plots accuracy against modelled time. The config is
+workdir/<name>. The per-run table gives each variant's test accuracy and
+modelled time to the first variant's final accuracy (the target) on each
+network profile, the per-step table its bytes per worker and step times;
+`compare.png` plots accuracy against modelled time, with the target. The config is
 the file's settings, then the command line's `--config.*`, then each
 variant's overrides.
 
@@ -21,7 +22,9 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from jaxdist.train import cli
+from jaxdist.train import cli, columns
+
+__doc__ += '\n' + columns.help_text()
 
 VARIANTS_DIR = os.path.join(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'variants'

@@ -27,7 +27,10 @@ from typing import Any
 from absl import app, flags
 from ml_collections import config_flags
 
-from jaxdist.train import cli
+from jaxdist.train import cli, columns
+from jaxdist.train.columns import Column
+
+__doc__ += '\n' + columns.help_text()
 
 VARIANTS_DIR = os.path.join(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'variants'
@@ -54,14 +57,14 @@ cli.integers('to')
 FLAGS = flags.FLAGS
 
 COLUMNS = (
-  ('variant', 'variant'),
-  ('sync', 'sync'),
-  ('workers', 'workers'),
-  ('test_accuracy', 'test acc'),
-  ('delta_pp', 'Δ vs uninterrupted (pp)'),
-  ('spread_pp', 'test acc range after the resume step (pp)'),
-  ('test_loss', 'test loss'),
-  ('final_loss', 'train loss (last step)'),
+  Column('variant', 'variant'),
+  Column('sync', 'sync'),
+  Column('workers', 'workers'),
+  Column('test_accuracy', 'test acc'),
+  Column('delta_pp', 'Δ vs uninterrupted (pp)'),
+  Column('spread_pp', 'test acc range after the resume step (pp)'),
+  Column('test_loss', 'test loss'),
+  Column('final_loss', 'train loss (last step)'),
 )
 
 
@@ -130,7 +133,7 @@ def main(argv):
         'spread_pp': 100 * (max(later) - min(later)),
         'test_loss': summary['test_loss'], 'final_loss': records[-1]['loss'],
       })  # fmt: skip
-  print('\n' + report.table(rows, COLUMNS))
+  print(f'\n{report.table(rows, COLUMNS)}\n\nColumns:\n{columns.legend(COLUMNS)}')
   if FLAGS.results:
     command = ' '.join(['python', *sys.argv])
     note = (

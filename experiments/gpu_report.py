@@ -242,7 +242,12 @@ def make_run_section(logs: str, info: dict) -> list[str]:
     )
     if variant and len(rows) == 1 and 'samples/s' in rows[0]:
       measured[variant] = rows[0]
-  final = next(rows for _, rows in reversed(tables) if rows and 'variant' in rows[0])
+  finals = []  # compare's tables close the log: one, or a per-run and a per-step one
+  for _, rows in reversed(tables):
+    if not (rows and 'variant' in rows[0]):
+      break
+    finals.insert(0, rows)
+  final = [{k: v for rows in finals for k, v in rows[i].items()} for i in range(len(finals[0]))]
   rc, seconds = _exit(text)
   target = next(k for k in final[0] if k.endswith('@1gbps')).split()[2]
   steps = measured[final[0]['variant']]['steps']

@@ -371,4 +371,6 @@ def write_results(path: str, lines: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  from jaxdist.train import cli
+
+  app.run(main, flags_parser=cli.parse_flags)

@@ -25,4 +25,6 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  from jaxdist.train import cli
+
+  app.run(main, flags_parser=cli.parse_flags)

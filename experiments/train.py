@@ -15,7 +15,9 @@ lets JAX find its peers):
 from absl import app, flags
 from ml_collections import config_flags
 
-from jaxdist.train import cli
+from jaxdist.train import cli, columns
+
+__doc__ += '\n' + columns.help_text()
 
 config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/digits.py:runlocal.')
 flags.DEFINE_string('workdir', None, 'Directory for checkpoints, metrics and plots.')

@@ -25,21 +25,36 @@
 # (`compressed_allreduce(ratios=...)`, one `lax.switch` branch each), so
 # changing the factor never recompiles, and the controller
 # (`config.adaptive='gravac'`) picks one each step from the gains every
-# worker measures. In Colab the first cell clones jaxdist from `REPO`.
+# worker measures. On Colab the first cell installs jaxdist.
 
 # %%
+# On Colab (or wherever jaxdist is missing) this installs it into the running kernel from
+# GitHub, or from JAXDIST_SOURCE (a fork, a local checkout as file:///path); pip's messages,
+# failures included, show here. Where jaxdist imports already, it does nothing.
+import importlib
+import importlib.util
 import os
+import site
+import subprocess
 import sys
 
-REPO = 'https://github.com/jaxdist/jaxdist'
-if 'google.colab' in sys.modules:  # install jaxdist and fetch its configs
-  os.system(f'git clone -q {REPO} /content/jaxdist')
-  os.system('pip install -q -e /content/jaxdist')
-  os.chdir('/content/jaxdist/notebooks')
-
+SOURCE = os.environ.get('JAXDIST_SOURCE', 'git+https://github.com/jaxdist/jaxdist')
+if importlib.util.find_spec('jaxdist') is None:
+  pip = subprocess.run(
+    [sys.executable, '-m', 'pip', 'install', '--quiet', f'jaxdist[train,control] @ {SOURCE}'],
+    capture_output=True,
+    text=True,
+  )
+  print(pip.stdout + pip.stderr, end='')
+  pip.check_returncode()
+  for folder in [*site.getsitepackages(), site.getusersitepackages()]:
+    if os.path.isdir(folder) and folder not in sys.path:  # made by pip after the kernel started
+      site.addsitedir(folder)
+  importlib.invalidate_caches()
 
 import jaxdist as jd
 
+# %%
 jd.runtime.cpu_devices(8)  # 8 CPU devices, before JAX starts
 
 # %matplotlib inline
@@ -64,7 +79,7 @@ common = {
 }
 runs = {}
 for adaptive in ('none', 'gravac'):
-  config = jd.train.load_config('../configs/digits.py:runlocal', adaptive=adaptive, **common)
+  config = jd.train.load_config('digits.py:runlocal', adaptive=adaptive, **common)
   workdir = os.path.abspath(f'workdir/adaptive_compression/{adaptive}')
   runs[adaptive] = jd.train.train_and_evaluate(config, workdir)
 
@@ -171,7 +186,7 @@ plot_choice(resnet50)
 
 # %%
 adopt_config = jd.train.load_config(
-  '../configs/digits.py:runlocal',
+  'digits.py:runlocal',
   **{
     'progress': False,
     'steps': 40,

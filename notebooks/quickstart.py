@@ -22,23 +22,38 @@
 # 8x8 digits, gradients averaged with `jd.sync.allreduce`. The same config
 # runs on GPUs/TPUs and across hosts; see the README.
 #
-# In Colab the first cell clones jaxdist from `REPO` and installs it: the badge
-# and `REPO` assume github.com/jaxdist/jaxdist; point both at your copy if it
-# lives elsewhere.
+# On Colab the first cell installs jaxdist with its training extras
+# (`pip install "jaxdist[train,control] @ git+https://github.com/jaxdist/jaxdist"`);
+# elsewhere, install it as the README says before starting Jupyter.
 
 # %%
+# On Colab (or wherever jaxdist is missing) this installs it into the running kernel from
+# GitHub, or from JAXDIST_SOURCE (a fork, a local checkout as file:///path); pip's messages,
+# failures included, show here. Where jaxdist imports already, it does nothing.
+import importlib
+import importlib.util
 import os
+import site
+import subprocess
 import sys
 
-REPO = 'https://github.com/jaxdist/jaxdist'
-if 'google.colab' in sys.modules:  # install jaxdist and fetch its configs
-  os.system(f'git clone -q {REPO} /content/jaxdist')
-  os.system('pip install -q -e /content/jaxdist')
-  os.chdir('/content/jaxdist/notebooks')
-
+SOURCE = os.environ.get('JAXDIST_SOURCE', 'git+https://github.com/jaxdist/jaxdist')
+if importlib.util.find_spec('jaxdist') is None:
+  pip = subprocess.run(
+    [sys.executable, '-m', 'pip', 'install', '--quiet', f'jaxdist[train,control] @ {SOURCE}'],
+    capture_output=True,
+    text=True,
+  )
+  print(pip.stdout + pip.stderr, end='')
+  pip.check_returncode()
+  for folder in [*site.getsitepackages(), site.getusersitepackages()]:
+    if os.path.isdir(folder) and folder not in sys.path:  # made by pip after the kernel started
+      site.addsitedir(folder)
+  importlib.invalidate_caches()
 
 import jaxdist as jd
 
+# %%
 jd.runtime.cpu_devices(8)  # 8 CPU devices, before JAX starts
 
 # %matplotlib inline
@@ -70,7 +85,7 @@ print('collectives this step:', [(t.kind, t.nbytes) for t in jd.comm.find_transf
 # `runlocal` is the few-step variant for CPUs and CI; drop it for the full run.
 
 # %%
-config = jd.train.load_config('../configs/digits.py:runlocal', **{'progress': False})
+config = jd.train.load_config('digits.py:runlocal', **{'progress': False})
 workdir = os.path.abspath('workdir/quickstart')
 summary = jd.train.train_and_evaluate(config, workdir)
 

@@ -10,6 +10,7 @@
 - `ledger`: what each step sent and its modelled time; a run's summary.
 - `step`: the jitted, sharded train and eval steps.
 - `trials`: a config trained at K workers and batch B; Scavenger's job plan on them.
+- `report`: the console's tables and the figures; `columns`: what each table column means.
 """
 
 from typing import Any
@@ -19,7 +20,8 @@ from jaxdist import _load
 # Loaded on first use, so that a binary can parse its flags (`cli`) before the training
 # stack (flax, orbax, tfds, matplotlib) loads.
 _MODULES = (
-  'checkpoint', 'compare', 'config', 'factory', 'ledger', 'metrics', 'report', 'trials',
+  'checkpoint', 'columns', 'compare', 'config', 'factory', 'ledger', 'metrics', 'report',
+  'trials',
 )  # fmt: skip
 _NAMES = {
   'ConfigError': 'factory',
@@ -56,6 +58,7 @@ __all__ = [
   'TrainState',
   'build',
   'checkpoint',
+  'columns',
   'compare',
   'config',
   'config_path',

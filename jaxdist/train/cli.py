@@ -3,7 +3,8 @@
 A binary passes `parse_flags` to `app.run` and calls the library through
 `run`: a bad flag, config file, `:arg` or key, and a bad config, end it with
 one plain `error:` line on stderr and exit status 2, before anything is
-written.
+written. Logging is at warning level unless the command line asks for more
+(`--verbosity=0` or `-v 0` for absl's info lines, `--verbosity=1` for debug).
 """
 
 from __future__ import annotations
@@ -41,8 +42,12 @@ def fail(message: str) -> NoReturn:
 def setup(cpu_devices: int) -> None:
   """Creates `cpu_devices` CPU devices (before JAX starts) and quiets library INFO logs.
 
-  A count below 1 ends the binary with one `error:` line naming --cpu_devices, exit status 2.
+  Logging stays at warning level unless the command line set `--verbosity`
+  (`warnings_unless_asked`, for binaries that parse their flags with absl's
+  parser). A count below 1 ends the binary with one `error:` line naming
+  --cpu_devices, exit status 2.
   """
+  warnings_unless_asked()
   from jaxdist import runtime
 
   try:
@@ -50,6 +55,16 @@ def setup(cpu_devices: int) -> None:
   except ValueError as e:
     fail(f'--{e}')  # "--cpu_devices must be >= 1, got 0"
   logging.get_absl_handler().python_handler.addFilter(_quiet_libraries)
+
+
+def warnings_unless_asked() -> None:
+  """Sets absl's verbosity to warning unless `--verbosity`/`-v` is on the command line.
+
+  `app.run` raises an unset verbosity to info once the flags are parsed; set
+  here, it stays, and a run's console shows its tables, not `I1126 ...` lines.
+  """
+  if not flags.FLAGS['verbosity'].present:
+    flags.FLAGS.verbosity = logging.WARNING
 
 
 def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -97,6 +112,7 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     if message is None:
       raise
     fail(message)
+  warnings_unless_asked()
   return rest
 
 

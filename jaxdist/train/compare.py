@@ -1,4 +1,4 @@
-"""Several variants of one experiment, side by side: one table, one plot.
+"""Several variants of one experiment, side by side: a per-run and a per-step table, one plot.
 
 The variants come from variants files (`Group`, configs/variants/<group>.py):
 `choose` reads one, `variant_config` applies a variant to the base config.
@@ -16,8 +16,9 @@ from typing import Any, NamedTuple
 import ml_collections
 from matplotlib.figure import Figure
 
+from jaxdist.train import columns, factory, ledger, metrics, report, resume, trials
 from jaxdist.train import config as config_lib
-from jaxdist.train import factory, ledger, metrics, report, resume, trials
+from jaxdist.train.columns import Column
 
 TABLE_FILE = 'compare.md'
 PLOT_FILE = 'compare.png'
@@ -155,13 +156,13 @@ def run(
   *,
   fresh: bool = False,
 ) -> list[dict[str, Any]]:
-  """Trains each of `variants` in workdir/<name> (resuming any there); returns the table rows.
+  """Trains each of `variants` in workdir/<name> (resuming any there); returns the tables' rows.
 
   Every variant's config, and whether its run in workdir/<name> may resume
   with it (`resume.check_resume`), is checked before any trains; with
   `fresh`, those runs are removed instead and every variant starts anew.
 
-  Writes `compare.md` (the table in markdown, with the command, machine and
+  Writes `compare.md` (the tables in markdown, with the command, machine and
   date that produced it), `compare.json` and `compare.png` into `workdir`,
   and the markdown and the plot also to `results` and its `.png` if given
   (the docs' tables are copies of such files: `experiments/docs_tables.py`).
@@ -181,21 +182,21 @@ def run(
     runs[name] = Run(*trials.train(config, os.path.join(workdir, name), fresh=fresh), clocks[name])
   networks = config_lib.names(base.network.profiles)
   rows = table_rows(runs, networks)
-  columns = COLUMNS + tuple((f'tta@{n}', f'time to {rows[0]["target"]:.4f} @{n}') for n in networks)
-  columns += tuple(c for c in OPTIONAL if any(c[0] in row for row in rows))
-  if any(run.clock(1.0) is not None for run in runs.values()):  # a heterogeneous cluster
-    columns += tuple((f'modelled_s@{n}', f'{base.steps} steps @{n} (s)') for n in networks)
-    columns += tuple((f'cost@{n}', f'cost @{n}') for n in networks)
-  text = report.table(rows, columns)
-  note = 'modelled seconds = steps x one worker measured step + alpha-beta communication'
-  print(f'\n{text}\n\n(times: {note})')
-  markdown = report.provenance(command) + '\n\n' + report.markdown(rows, columns) + '\n'
+  heterogeneous = any(run.clock(1.0) is not None for run in runs.values())
+  per_run, per_step = table_columns(rows, networks, base.steps, heterogeneous=heterogeneous)
+  tables = [('Per run:', per_run), ('Per step (means over the run):', per_step)]
+  text = '\n\n'.join(f'{head}\n\n{report.table(rows, cols)}' for head, cols in tables)
+  print(f'\n{text}\n\nColumns:\n{columns.legend(per_run + per_step)}')
+  markdown = '\n\n'.join(
+    [report.provenance(command)]
+    + [f'{head}\n\n{report.markdown(rows, cols)}' for head, cols in tables]
+  )
   for path in (os.path.join(workdir, TABLE_FILE), results):
     if path:
-      metrics.write_atomic(path, markdown)
+      metrics.write_atomic(path, markdown + '\n')
   with open(os.path.join(workdir, 'compare.json'), 'w') as f:
     json.dump(rows, f, indent=2)
-  figure = plot(runs, networks)
+  figure = plot(runs, networks, plot_title(runs))
   report.save(figure, os.path.join(workdir, PLOT_FILE))
   if results:  # the docs show the plot beside its table
     report.save(figure, os.path.splitext(results)[0] + '.png')
@@ -203,25 +204,49 @@ def run(
   return rows
 
 
-COLUMNS = (
-  ('variant', 'variant'),
-  ('test_accuracy', 'test acc'),
-  ('delta_pp', 'vs first (pp)'),
-  ('synced', 'synced'),
-  ('payload', 'payload B/worker/step'),
-  ('sent', 'sent B/worker/step'),
-  ('worker_step_s', 'worker step s'),
+RUN_COLUMNS = (
+  Column('variant', 'variant'),
+  Column('test_accuracy', 'test acc'),
+  Column('delta_pp', 'vs first (pp)'),
 )
+STEP_COLUMNS = (
+  Column('variant', 'variant'),
+  Column('synced', 'synced'),
+  Column('payload', 'payload B/worker/step'),
+  Column('sent', 'sent B/worker/step'),
+  Column('worker_step_s', 'worker step s'),
+)
+# shown when a run has them: Scavenger's noise, ScaDLES's buffers, the fraction of steps an
+# adaptive-compression controller compressed (ScaDLES's CNC ratio), and data injection
+OPTIONAL_RUN = (
+  Column('gamma_normalized', 'γ/K'),
+  Column('buffer_peak_total', 'peak buffer (samples)'),
+  Column('compressed_fraction', 'compressed steps'),
+)
+OPTIONAL_STEP = (Column('inject_bytes_per_step', 'injected B/worker/step'),)
+OPTIONAL = OPTIONAL_RUN + OPTIONAL_STEP
 
 
-# shown when a run has them: Scavenger's noise, ScaDLES's buffers, data injection, and the
-# fraction of steps an adaptive-compression controller compressed (ScaDLES's CNC ratio)
-OPTIONAL = (
-  ('gamma_normalized', 'γ/K'),
-  ('buffer_peak_total', 'peak buffer (samples)'),
-  ('inject_bytes_per_step', 'injected B/worker/step'),
-  ('compressed_fraction', 'compressed steps'),
-)
+def table_columns(
+  rows: Sequence[Mapping[str, Any]], networks: Sequence[str], steps: int, *, heterogeneous: bool
+) -> tuple[tuple[Column, ...], tuple[Column, ...]]:
+  """The per-run table's columns and the per-step table's, for `rows` (`table_rows`).
+
+  The times to the target are on each network; a heterogeneous cluster's run
+  also has its modelled seconds and cost on each. Optional columns appear when
+  a row has them.
+  """
+  target = f'{rows[0]["target"]:.4f}'
+  per_run = RUN_COLUMNS + tuple(
+    Column(f'tta@{n}', f'time to {target} @{n}', 'time to A @NET') for n in networks
+  )
+  if heterogeneous:
+    per_run += tuple(
+      Column(f'modelled_s@{n}', f'{steps} steps @{n} (s)', 'N steps @NET (s)') for n in networks
+    )
+    per_run += tuple(Column(f'cost@{n}', f'cost @{n}', 'cost @NET') for n in networks)
+  present = lambda cols: tuple(c for c in cols if any(c.key in row for row in rows))
+  return per_run + present(OPTIONAL_RUN), STEP_COLUMNS + present(OPTIONAL_STEP)
 
 
 class Run(NamedTuple):
@@ -247,7 +272,7 @@ def table_rows(runs: dict[str, Run], networks: Sequence[str]) -> list[dict[str, 
       'synced': f'{summary["sync_fraction"]:.1%}' if summary['sync_fraction'] is not None else None,
       'worker_step_s': summary['worker_step_s'],
       'target': target,
-      **{key: summary[key] for key, _ in OPTIONAL if summary.get(key) is not None},
+      **{c.key: summary[c.key] for c in OPTIONAL if summary.get(c.key) is not None},
     }
     for net in networks:
       compute_s = summary['worker_step_s']
@@ -259,9 +284,36 @@ def table_rows(runs: dict[str, Run], networks: Sequence[str]) -> list[dict[str, 
   return rows
 
 
-def plot(runs: dict[str, Run], networks: Sequence[str]) -> Figure:
-  """Test accuracy against modelled time, one panel per network."""
-  fig = Figure(figsize=(5 * len(networks), 3.8))
+def plot_title(runs: Mapping[str, Run]) -> str:
+  """The comparison plot's title: the model, the data and the workers of `runs`."""
+  summaries = [run.summary for run in runs.values()]
+  values = lambda key: '/'.join(dict.fromkeys(str(s[key]) for s in summaries))
+  return f'{values("model")} on {values("dataset")}, {values("workers")} workers'
+
+
+def accuracy_range(finals: Sequence[float], target: float, best: float) -> tuple[float, float]:
+  """y-limits that show where accuracies differ: a span below the lowest final, to the best.
+
+  The span is the distance from the lowest of `finals` and `target` to the
+  highest of `best` and `target` (at least 0.02); below goes one span under
+  the lowest (not under 0), above a tenth of a span over the highest.
+  """
+  low, high = min(*finals, target), max(best, target)
+  span = max(high - low, 0.02)
+  return max(0.0, low - span), high + 0.1 * span
+
+
+def plot(runs: Mapping[str, Run], networks: Sequence[str], title: str = '') -> Figure:
+  """Test accuracy against modelled time, one panel per network, with the target accuracy.
+
+  The target is the first variant's final accuracy, as in the tables; the
+  accuracy axis starts below the lowest final accuracy (`accuracy_range`).
+  """
+  target = next(iter(runs.values())).summary['test_accuracy']
+  finals = [run.summary['test_accuracy'] for run in runs.values()]
+  best = max(r['test_accuracy'] for run in runs.values() for r in run.records
+             if 'test_accuracy' in r)  # fmt: skip
+  fig = Figure(figsize=(5 * len(networks), 4))
   axes = fig.subplots(1, len(networks), squeeze=False)
   for ax, net in zip(axes[0], networks, strict=True):
     for name, (summary, records, make_clock) in runs.items():
@@ -275,9 +327,13 @@ def plot(runs: dict[str, Run], networks: Sequence[str]) -> Figure:
         ms=3,
         label=name,
       )
+    ax.axhline(target, color='gray', ls='--', lw=1, label=f'target {target:.4f}')
     ax.set(xlabel=f'modelled time (s) @ {net}', ylabel='test accuracy')
+    ax.set_ylim(accuracy_range(finals, target, best))
     report.log_scale(ax, 'x')
     ax.grid(alpha=0.3)
-    ax.legend(loc='lower right')
+    ax.legend(loc='lower right', fontsize='small')
+  if title:
+    fig.suptitle(title)
   fig.tight_layout()
   return fig

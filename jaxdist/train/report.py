@@ -30,9 +30,9 @@ def human_bytes(n: float) -> str:
   raise AssertionError
 
 
-def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
-  """A plain-text table; `columns` are (key, heading) pairs."""
-  cells = [[h for _, h in columns]] + [[_fmt(r.get(k)) for k, _ in columns] for r in rows]
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Sequence[str]]) -> str:
+  """A plain-text table; `columns` are (key, heading) pairs or `columns.Column`s."""
+  cells = [[c[1] for c in columns]] + [[_fmt(r.get(c[0])) for c in columns] for r in rows]
   widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
   lines = [
     '  '.join(
@@ -44,10 +44,10 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]])
   return '\n'.join(lines)
 
 
-def markdown(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
-  """A markdown table; `columns` are (key, heading) pairs."""
-  lines = ['| ' + ' | '.join(h for _, h in columns) + ' |', '|' + '---|' * len(columns)]
-  lines += ['| ' + ' | '.join(_fmt(r.get(k)) for k, _ in columns) + ' |' for r in rows]
+def markdown(rows: Sequence[Mapping[str, Any]], columns: Sequence[Sequence[str]]) -> str:
+  """A markdown table; `columns` are (key, heading) pairs or `columns.Column`s."""
+  lines = ['| ' + ' | '.join(c[1] for c in columns) + ' |', '|' + '---|' * len(columns)]
+  lines += ['| ' + ' | '.join(_fmt(r.get(c[0])) for c in columns) + ' |' for r in rows]
   return '\n'.join(lines)
 
 
@@ -127,17 +127,21 @@ def plot_ratios(records: Sequence[Mapping[str, Any]], network: str, title: str =
 
 
 def plot_batches(records: Sequence[Mapping[str, Any]], title: str = '') -> Figure:
-  """Each worker's batch and modelled compute time (with a cluster) against step."""
-  steps = [r['step'] for r in records if 'batches' in r]
-  batches = [r['batches'] for r in records if 'batches' in r]
-  timed = [r for r in records if 'batches' in r and 'compute_s' in r]  # with a cluster model
+  """Each worker's batch and modelled compute time (with a cluster) against step.
+
+  Workers whose series are equal share one line, labelled with all of them
+  (`workers 0–2`); the lines differ in style as well as colour, so where two
+  series meet for a while both stay visible.
+  """
+  with_batches = [r for r in records if 'batches' in r]
+  timed = [r for r in with_batches if 'compute_s' in r]  # with a cluster model
   fig = Figure(figsize=(10, 3.6))
   ax_b, ax_t = fig.subplots(1, 2)
-  for k in range(len(batches[0]) if batches else 0):
-    ax_b.step(steps, [b[k] for b in batches], where='post', label=f'worker {k}')
-    if timed:
-      ax_t.plot([r['step'] for r in timed], [1e3 * r['compute_s'][k] for r in timed], lw=1,
-                label=f'worker {k}')  # fmt: skip
+  _worker_lines(ax_b, [r['step'] for r in with_batches], [r['batches'] for r in with_batches],
+                where='post')  # fmt: skip
+  if timed:
+    compute_ms = [[1e3 * s for s in r['compute_s']] for r in timed]
+    _worker_lines(ax_t, [r['step'] for r in timed], compute_ms)
   ax_b.set(xlabel='step', ylabel='batch (examples)')
   ax_t.set(xlabel='step', ylabel='modelled compute (ms)')
   for ax in (ax_b, ax_t):
@@ -148,6 +152,36 @@ def plot_batches(records: Sequence[Mapping[str, Any]], title: str = '') -> Figur
     fig.suptitle(title)
   fig.tight_layout()
   return fig
+
+
+LINE_STYLES = ('-', '--', '-.', ':')
+
+
+def _worker_lines(ax, steps: Sequence[int], values: Sequence[Sequence[float]], where=None) -> None:
+  """One line per distinct series of `values[t][k]` (step t, worker k), labelled by its workers."""
+  groups: dict[tuple[float, ...], list[int]] = {}
+  for k in range(len(values[0]) if values else 0):
+    groups.setdefault(tuple(v[k] for v in values), []).append(k)
+  for i, (series, workers) in enumerate(groups.items()):
+    style = {'ls': LINE_STYLES[i % len(LINE_STYLES)], 'lw': 1.5, 'label': workers_label(workers)}
+    if where:
+      ax.step(steps, series, where=where, **style)
+    else:
+      ax.plot(steps, series, **style)
+
+
+def workers_label(workers: Sequence[int]) -> str:
+  """'worker 3', or 'workers 0–2, 5' (runs of three or more as ranges)."""
+  if len(workers) == 1:
+    return f'worker {workers[0]}'
+  runs: list[list[int]] = []
+  for k in workers:
+    if runs and k == runs[-1][-1] + 1:
+      runs[-1].append(k)
+    else:
+      runs.append([k])
+  parts = [f'{r[0]}–{r[-1]}' if len(r) > 2 else ', '.join(map(str, r)) for r in runs]
+  return 'workers ' + ', '.join(parts)
 
 
 def save(fig: Figure, path: str) -> str:

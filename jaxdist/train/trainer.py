@@ -26,6 +26,7 @@ from jaxdist import comm
 from jaxdist.train import calibrate, checkpoint, elastic, factory, feed, ledger, metrics, report
 from jaxdist.train import loop as loop_lib
 from jaxdist.train import step as step_lib
+from jaxdist.train.columns import Column, legend
 from jaxdist.train.experiment import Experiment
 from jaxdist.train.host import Host
 from jaxdist.train.resume import (
@@ -172,26 +173,55 @@ def kill_at_step(step: int, log: StepLog, ckpt: checkpoint.Checkpointer) -> loop
 
 
 def _report(exp: Experiment, summary: dict[str, Any], records, metrics_path: str) -> None:
-  """summary.json, the curves' PNG and the table on the console."""
+  """summary.json, the curves' PNG and the tables on the console."""
   metrics.write_atomic(os.path.join(exp.workdir, SUMMARY_FILE), json.dumps(summary, indent=2))
-  title = f'{exp.model_name} on {exp.dataset_name}, {exp.workers.count} workers, {exp.method}'
+  title = curves_title(os.path.basename(exp.workdir), summary)
   plot = os.path.join(exp.workdir, PLOT_FILE)
   report.save(report.plot_curves(records, title), plot)
   if any('batches' in r for r in records):
     report.save(report.plot_batches(records, title), os.path.join(exp.workdir, BATCHES_PLOT))
   print()
-  print(report.table([summary], SUMMARY_COLUMNS))
+  print(summary_tables(summary, list(exp.networks)))
   print(f'\nmetrics: {metrics_path}\nplot:    {plot}')
 
 
-SUMMARY_COLUMNS = (
-  ('sync', 'sync'),
-  ('workers', 'workers'),
-  ('steps', 'steps'),
-  ('test_accuracy', 'test acc'),
-  ('samples_per_s', 'samples/s'),
-  ('payload_bytes_per_step', 'payload B/worker/step'),
-  ('sent_bytes_per_worker', 'sent B/worker (ring)'),
-  ('median_step_s', 'step s, all workers'),
-  ('worker_step_s', 'step s, one worker'),
+def curves_title(name: str, summary: dict[str, Any]) -> str:
+  """The title of a run's plots: its name (its work directory's), method, model, data, workers."""
+  return (
+    f'{name}: {summary["sync"]}, {summary["model"]} on {summary["dataset"]}, '
+    f'{summary["workers"]} workers'
+  )
+
+
+RUN_COLUMNS = (
+  Column('sync', 'sync'),
+  Column('workers', 'workers'),
+  Column('steps', 'steps'),
+  Column('test_accuracy', 'test acc'),
+  Column('samples_per_s', 'samples/s'),
+  Column('sent_bytes_per_worker', 'sent B/worker'),
 )
+STEP_COLUMNS = (
+  Column('synced', 'synced'),
+  Column('payload_bytes_per_step', 'payload B/worker/step'),
+  Column('sent_bytes_per_step', 'sent B/worker/step'),
+  Column('median_step_s', 'step s, all workers'),
+  Column('worker_step_s', 'worker step s'),
+)
+
+
+def summary_tables(summary: dict[str, Any], networks: list[str]) -> str:
+  """A run's summary for the console: a per-run table, a per-step table, and their legend."""
+  per_run = RUN_COLUMNS + tuple(
+    Column(f'modelled_s@{n}', f'{summary["steps"]} steps @{n} (s)', 'N steps @NET (s)')
+    for n in networks
+  )
+  fraction = summary.get('sync_fraction')
+  row = {**summary, 'synced': None if fraction is None else f'{fraction:.1%}'}
+  return '\n\n'.join([
+    'Per run:',
+    report.table([row], per_run),
+    'Per step (means over the run):',
+    report.table([row], STEP_COLUMNS),
+    'Columns:\n' + legend(per_run + STEP_COLUMNS),
+  ])  # fmt: skip

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.slow
 
 CONFIG = 'configs/digits.py:runlocal'
 TIMEOUT = 300
+INFO_LINE = re.compile(r'^I\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ', re.M)  # absl's info lines
 
 
 def run_binary(workdir, data_dir, *overrides, check=True, cwd=None, script='train.py'):
@@ -77,6 +79,9 @@ def test_runlocal_writes_logs_checkpoints_plot_and_summary(finished_run):
   assert (workdir / 'curves.png').stat().st_size > 10_000
   assert list((workdir / 'tensorboard').iterdir())
   assert 'test acc' in proc.stdout and 'samples/s' in proc.stdout
+  assert 'Per run:' in proc.stdout and 'Per step (means over the run):' in proc.stdout
+  assert '\n  synced: the fraction of steps' in proc.stdout  # the legend under the tables
+  assert not INFO_LINE.search(proc.stderr), proc.stderr[-3000:]  # warnings only, by default
 
 
 def test_sigkill_and_resume_equals_straight_run(tmp_path, data_dir):
@@ -197,7 +202,8 @@ def test_rerunning_a_finished_run_reports_its_accuracy(finished_run, data_dir):
   workdir, _ = finished_run
   log_before = (workdir / 'metrics.jsonl').read_text()
   summary_before = json.loads((workdir / 'summary.json').read_text())
-  run_binary(workdir, data_dir)
+  proc = run_binary(workdir, data_dir, '--verbosity=0')  # absl's info lines, as asked
+  assert re.search(INFO_LINE.pattern + r'resumed from step 20 ', proc.stderr, re.M), proc.stderr
   summary = json.loads((workdir / 'summary.json').read_text())
   assert summary['steps_this_run'] == 0
   assert summary['test_accuracy'] == summary_before['test_accuracy']
@@ -214,6 +220,8 @@ def test_compare_binary_trains_variants_into_one_table(tmp_path, data_dir):
   assert all(r['worker_step_s'] > 0 for r in rows)
   assert (tmp_path / 'compare.png').stat().st_size > 10_000
   assert 'time to' in proc.stdout and '@1gbps' in proc.stdout
+  assert 'Per run:' in proc.stdout and '\n  time to A @NET: modelled seconds' in proc.stdout
+  assert not INFO_LINE.search(proc.stderr), proc.stderr[-3000:]
   for name in ('dense', 'topk1_ef'):
     assert (tmp_path / name / 'metrics.jsonl').exists()
 
