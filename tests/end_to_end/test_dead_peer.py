@@ -25,6 +25,7 @@ def launch(workdir, env, kill_at: int = 0):
     '--config.eval_every=2',
     '--config.checkpoint_every=2',
     '--config.progress=False',
+    '--verbosity=0',  # the info lines checked below (absl's default here is warnings)
     f'--workdir={workdir}',
     '--cpu_devices=4',
     f'--coordinator_address={address}',

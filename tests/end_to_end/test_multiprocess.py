@@ -31,6 +31,7 @@ def test_two_processes_match_one(tmp_path, data_dir):
     '--config.eval_every=3',
     '--config.checkpoint_every=3',
     '--config.progress=False',
+    '--verbosity=0',  # the info lines checked below (absl's default here is warnings)
   ]
   env = binary_env(data_dir)
   single = tmp_path / 'single'
