@@ -144,7 +144,7 @@ def train_with_failures(
     strategy, costs, trace, _rows(init), jax.device_get(init.mlp), workers=workers,
     batch_size=batch_size, ssu_oversample=ssu_oversample, seed=failure_seed + 1,
   )  # fmt: skip
-  records, log = _log(metrics_dir)
+  log = _Log(metrics_dir)
   last = {}
 
   def step(t: int, state):
@@ -175,7 +175,7 @@ def train_with_failures(
     'bayes_loss': data.bayes_logloss(test),
     **final,
     'wall_s': time.perf_counter() - start,
-    'records': records,
+    'records': log.records,
     'state': jax.device_get(state),
   }
 
@@ -186,10 +186,12 @@ def _recovering(recovery: Recovery, log, state_sharding) -> tuple[loop_lib.Hook,
   def failed(loop):
     while (worker := recovery.next_failure(loop.t, loop.steps)) is not None:
       back = recovery.fail(worker, loop.t, _rows(loop.state))
-      mlp = loop.state.mlp if back.mlp is None else back.mlp
-      # copies: the step donates its state, the checkpoint must never share a buffer with it
-      saved = hybrid.DLRMState(back.tables, mlp, back.accum)
-      loop.state = jax.device_put(jax.tree.map(np.array, saved), state_sharding)
+      if back.mlp is None:  # partial: the shard's rows (restored as copies), the run's MLP
+        saved = hybrid.DLRMState(back.tables, loop.state.mlp, back.accum)
+      else:  # full: copies, as the step donates its state and the checkpoint must never
+        # share a buffer with it
+        saved = jax.tree.map(np.array, hybrid.DLRMState(back.tables, back.mlp, back.accum))
+      loop.state = jax.device_put(saved, state_sharding)
       loop.t = back.step
       log(loop.t, clock_s=recovery.clock, failed_worker=worker)
 
@@ -200,18 +202,21 @@ def _recovering(recovery: Recovery, log, state_sharding) -> tuple[loop_lib.Hook,
   return failed, checkpointed
 
 
-def _log(metrics_dir: str | None):
-  """(the records, `log(step, **scalars)`), also written to `metrics_dir` if given."""
-  records: list[dict[str, Any]] = []
-  writer = None
-  if metrics_dir is not None:
-    os.makedirs(metrics_dir, exist_ok=True)
-    writer = MetricsWriter(metrics_dir, resume_step=0)
+class _Log:
+  """`log(step, **scalars)`: a record kept in `records`, and written to `metrics_dir` if given."""
 
-  def log(step, **scalars):
-    records.append({'step': step, **scalars})
-    if writer is not None:
-      writer.write(step, scalars)
+  def __init__(self, metrics_dir: str | None):
+    self.records: list[dict[str, Any]] = []
+    self.writer = None
+    if metrics_dir is not None:
+      os.makedirs(metrics_dir, exist_ok=True)
+      self.writer = MetricsWriter(metrics_dir, resume_step=0)
 
-  log.close = writer.close if writer is not None else (lambda: None)
-  return records, log
+  def __call__(self, step: int, **scalars) -> None:
+    self.records.append({'step': step, **scalars})
+    if self.writer is not None:
+      self.writer.write(step, scalars)
+
+  def close(self) -> None:
+    if self.writer is not None:
+      self.writer.close()
