@@ -1,5 +1,6 @@
 """Datasets (the bundled `digits` as a real tfds builder), per-worker batching and partitions."""
 
+from jaxdist.data import sequences
 from jaxdist.data.loader import (
   BUNDLED,
   Dataset,
@@ -12,6 +13,7 @@ from jaxdist.data.loader import (
   worker_indices,
 )
 from jaxdist.data.partition import KINDS, Batch, Partition, Sampler, make_sampler
+from jaxdist.data.sequences import Sequences, Windows
 
 __all__ = [
   'BUNDLED',
@@ -21,11 +23,14 @@ __all__ = [
   'DatasetError',
   'Partition',
   'Sampler',
+  'Sequences',
   'Split',
+  'Windows',
   'batch_indices',
   'default_data_dir',
   'load',
   'make_sampler',
+  'sequences',
   'synthetic',
   'worker_indices',
 ]

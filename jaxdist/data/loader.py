@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from typing import ClassVar
 
 import filelock
 import numpy as np
@@ -53,13 +54,31 @@ class Dataset:
   mean: np.ndarray
   std: np.ndarray
 
+  input_dtype: ClassVar[type] = np.float32
+  tokens_per_example: ClassVar[int | None] = None  # a language model's: its context
+  unit: ClassVar[str] = 'example'
+
   @property
   def image_shape(self) -> tuple[int, ...]:
     return tuple(self.train.images.shape[1:])
 
+  @property
+  def input_shape(self) -> tuple[int, ...]:
+    """One example's input shape, as the model takes it."""
+    return self.image_shape
+
+  @property
+  def example_bytes(self) -> int:
+    """Bytes of one training example as stored."""
+    return self.train.images[0].nbytes
+
   def normalize(self, images: np.ndarray) -> np.ndarray:
     """Standardised float32 images."""
     return ((images.astype(np.float32) - self.mean) / self.std).astype(np.float32)
+
+  def inputs(self, split: Split, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(model inputs, labels) of the examples `idx` (any shape) of `split`."""
+    return self.normalize(split.images[idx]), split.labels[idx]
 
 
 def synthetic(

@@ -1,4 +1,4 @@
-"""Flax models, by name: `get('cnn', num_classes=10)`."""
+"""Flax models, by name: `get('cnn', num_classes=10)`, `get('gpt', num_classes=65, size='tiny')`."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ import flax.linen as nn
 
 from jaxdist.models.resnet import ResNet, resnet20
 from jaxdist.models.simple import CNN, MLP
+from jaxdist.models.transformer import GPT, gpt
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
   'mlp': MLP,
   'cnn': CNN,
   'resnet20': resnet20,
+  'gpt': gpt,
 }
+SEQUENCE_MODELS = ('gpt',)  # take token windows (config.dataset.context > 0)
 
 
 def get(name: str, num_classes: int, **kwargs) -> nn.Module:
@@ -23,4 +26,4 @@ def get(name: str, num_classes: int, **kwargs) -> nn.Module:
   return MODELS[name](num_classes=num_classes, **kwargs)
 
 
-__all__ = ['CNN', 'MLP', 'MODELS', 'ResNet', 'get', 'resnet20']
+__all__ = ['CNN', 'GPT', 'MLP', 'MODELS', 'SEQUENCE_MODELS', 'ResNet', 'get', 'gpt', 'resnet20']

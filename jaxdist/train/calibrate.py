@@ -51,13 +51,13 @@ def measure_worker_steps(
   """
   one = runtime.layout(1, devices=1, device_list=jax.local_devices()[:1])
   counted = exp.counted
-  init = step_lib.make_init(exp.model, exp.tx, one, exp.dataset.image_shape)
+  ds = exp.dataset
+  init = step_lib.make_init(exp.model, exp.tx, one, ds.input_shape, input_dtype=ds.input_dtype)
   train_step = step_lib.make_train_step(exp.model, exp.tx, one, counted=counted)
   idx = data.batch_indices(
     0, seed=exp.seed, num_examples=len(exp.dataset.train), batch_size=exp.per_worker
   )
-  x = jax.device_put(exp.dataset.normalize(exp.dataset.train.images[idx])[None], one.sharding)
-  y = jax.device_put(exp.dataset.train.labels[idx][None], one.sharding)
+  x, y = (jax.device_put(a[None], one.sharding) for a in ds.inputs(ds.train, idx))
   counts = (jax.device_put(np.full(1, exp.per_worker, np.int32), one.sharding),) if counted else ()
 
   def seconds(candidate: int | None) -> float:

@@ -325,10 +325,16 @@ def base() -> ml_collections.ConfigDict:
   config.dataset.num_classes = 10
   config.dataset.train_size = 2048
   config.dataset.test_size = 512
+  # A language model's text (name 'shakespeare', bundled, or any tfds text dataset as
+  # array_record): context > 0 cuts it into windows of that many tokens (jaxdist.data.sequences)
+  config.dataset.context = 0  # 0: an image dataset
+  config.dataset.level = 'char'  # char | byte: the tokens
+  config.dataset.text_key = ''  # the text feature ('': 'text', or the only string feature)
 
   config.model = ml_collections.ConfigDict()
-  config.model.name = 'cnn'  # mlp | cnn | resnet20
+  config.model.name = 'cnn'  # mlp | cnn | resnet20 | gpt
   config.model.hidden = ''  # the MLP's hidden widths, e.g. '2048,1024' ('': its default)
+  config.model.size = 'tiny'  # the GPT's: tiny | small (jaxdist.models.transformer.SIZES)
 
   config.workers = 8  # data-parallel workers in all
   config.devices = 0  # devices they run on; 0 = as many as divide `workers`

@@ -32,7 +32,7 @@ def put_batch(
   w, split = exp.workers, exp.dataset.train
   batch = exp.sampler.indices(t, [exp.per_worker] * w.count if sizes is None else sizes)
   idx = np.stack([np.resize(part, exp.held) for part in batch.indices])[w.local_workers()]
-  arrays = [exp.dataset.normalize(split.images[idx]), split.labels[idx]]
+  arrays = list(exp.dataset.inputs(split, idx))
   if exp.counted:
     counts = sizes if counts is None else counts
     arrays.append(np.asarray(counts, np.int32)[w.local_workers()])
@@ -50,11 +50,7 @@ def eval_chunks(exp: Experiment) -> list[tuple[jax.Array, ...]]:
   chunks = []
   for start in range(0, len(split), chunk):
     n = min(chunk, len(split) - start)
-    arrays = (
-      exp.dataset.normalize(split.images[start : start + n]),
-      split.labels[start : start + n],
-      np.ones(n, np.float32),
-    )
+    arrays = (*exp.dataset.inputs(split, np.arange(start, start + n)), np.ones(n, np.float32))
     arrays = [np.concatenate([a, np.zeros((chunk - n, *a.shape[1:]), a.dtype)]) for a in arrays]
     chunks.append(
       tuple(jax.make_array_from_callback(a.shape, sharding, lambda i, a=a: a[i]) for a in arrays)

@@ -42,7 +42,7 @@ class Host:
   def __init__(self, exp, compute_s: float, prices: ledger.Ledger, clock: Clock,
                candidate_s: Sequence[float] = ()):  # fmt: skip
     self.exp, self.clock, self.candidate_s = exp, clock, list(candidate_s)
-    self.example_bytes = exp.dataset.train.images[0].nbytes
+    self.example_bytes = exp.dataset.example_bytes
     parts = {}
     k = exp.workers.count
     if exp.batching is not None or exp.drops:

@@ -57,9 +57,15 @@ def _split_variables(variables: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
 Loss = Callable[[jax.Array, jax.Array], jax.Array]
 
 
-def cross_entropy(logits_BxC: jax.Array, labels_B: jax.Array) -> jax.Array:
-  """Softmax cross-entropy of each example on integer labels: the steps' default `loss`."""
-  return optax.softmax_cross_entropy_with_integer_labels(logits_BxC, labels_B)
+def cross_entropy(logits_Bx_xC: jax.Array, labels_Bx_: jax.Array) -> jax.Array:
+  """Softmax cross-entropy of each example on integer labels: the steps' default `loss`.
+
+  A label per example ([B], classification) or per position ([B, T], a
+  language model's next tokens): an example's loss is the mean over its
+  positions.
+  """
+  losses = optax.softmax_cross_entropy_with_integer_labels(logits_Bx_xC, labels_Bx_)
+  return losses if losses.ndim == 1 else jnp.mean(losses.reshape(losses.shape[0], -1), axis=1)
 
 
 @functools.cache
@@ -114,10 +120,15 @@ def loss_fn(
   return mean, (outputs, new_state)
 
 
-def init_params(model: nn.Module, rng: jax.Array, input_shape: tuple[int, ...]):
-  """(params, model_state) of one model replica, from a float32 batch of one example."""
+def init_params(
+  model: nn.Module, rng: jax.Array, input_shape: tuple[int, ...], input_dtype=jnp.float32
+):
+  """(params, model_state) of one model replica, from a batch of one example (zeros).
+
+  `input_dtype`: the inputs' (float32 images, int32 tokens).
+  """
   kwargs = {'train': False} if takes_train(model) else {}
-  return _split_variables(model.init(rng, jnp.zeros((1, *input_shape)), **kwargs))
+  return _split_variables(model.init(rng, jnp.zeros((1, *input_shape), input_dtype), **kwargs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +166,7 @@ def make_init(
   workers: Workers,
   input_shape: tuple[int, ...],
   per_worker: str = 'auto',
+  input_dtype=jnp.float32,
 ) -> Callable[[jax.Array], TrainState]:
   """A jitted `rng -> TrainState`: every worker starts from the same replica.
 
@@ -166,7 +178,7 @@ def make_init(
   replicas = workers.devices if one_model else workers.count
 
   def init(rng):
-    params, model_state = init_params(model, rng, input_shape)
+    params, model_state = init_params(model, rng, input_shape, input_dtype)
     stack = lambda t, n=replicas: jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), t)
     if one_model and isinstance(tx, SplitChain):  # per worker up to the seam, per device after
       opt_state = (jax.vmap(tx.workers.init)(stack(params, workers.count)),
@@ -183,11 +195,17 @@ def _metrics(loss: jax.Array, accuracy: jax.Array | None) -> dict[str, jax.Array
   return {'loss': loss} if accuracy is None else {'loss': loss, 'accuracy': accuracy}
 
 
+def correct(outputs, y) -> jax.Array:
+  """Each example's fraction of positions whose argmax is its label ([B]; 0 or 1 for one label)."""
+  hits = (jnp.argmax(outputs, -1) == y).astype(jnp.float32)
+  return hits if hits.ndim == 1 else jnp.mean(hits.reshape(hits.shape[0], -1), axis=1)
+
+
 def _accuracy(logits, y, *count):
   if not _classes(logits, y):
     return None
-  correct = (jnp.argmax(logits, -1) == y).astype(jnp.float32)
-  return masked_mean(correct, *count) if count else jnp.mean(correct)
+  hits = correct(logits, y)
+  return masked_mean(hits, *count) if count else jnp.mean(hits)
 
 
 def _gradients(model, loss, params, model_state, x, y, *count):
@@ -472,7 +490,7 @@ def make_eval_step(
     outputs = _apply(model, variables, x, False)
     sums = {'loss': jnp.sum(_per_example(loss, outputs, y) * mask), 'count': jnp.sum(mask)}
     if _classes(outputs, y):
-      sums['correct'] = jnp.sum((jnp.argmax(outputs, -1) == y) * mask)
+      sums['correct'] = jnp.sum(correct(outputs, y) * mask)
     return sums
 
   return jax.jit(evaluate, out_shardings=workers.replicated)

@@ -22,7 +22,7 @@ from typing import Any
 
 import jax
 
-from jaxdist import comm
+from jaxdist import comm, data
 from jaxdist.train import calibrate, checkpoint, elastic, factory, feed, ledger, metrics, report
 from jaxdist.train import loop as loop_lib
 from jaxdist.train import step as step_lib
@@ -62,7 +62,10 @@ def train(exp: Experiment, *, fresh: bool = False) -> dict[str, Any]:
   workers, lead = exp.workers, jax.process_index() == 0
   open_workdir(exp, fresh)
   logging.info('%s', exp)
-  init = step_lib.make_init(exp.model, exp.tx, workers, exp.dataset.image_shape, exp.way)
+  ds = exp.dataset
+  init = step_lib.make_init(
+    exp.model, exp.tx, workers, ds.input_shape, exp.way, input_dtype=ds.input_dtype
+  )
   train_step = step_lib.make_train_step(
     exp.model, exp.tx, workers, staggered=exp.staggered, counted=exp.counted, per_worker=exp.way
   )
@@ -111,11 +114,17 @@ def train(exp: Experiment, *, fresh: bool = False) -> dict[str, Any]:
   ckpt.close()
 
   records = metrics.read_jsonl(log.writer.path) if lead else []
+  samples_per_s = clock.steps * exp.batch_size / clock.seconds() if clock.steps else None
+  tokens = ds.tokens_per_example
   summary = {
     'dataset': exp.dataset_name, 'model': exp.model_name, 'sync': exp.method,
     'workers': workers.count, 'steps': exp.steps, 'steps_this_run': exp.steps - start,
     'test_accuracy': last_eval.get('test_accuracy'), 'test_loss': last_eval.get('test_loss'),
-    'samples_per_s': clock.steps * exp.batch_size / clock.seconds() if clock.steps else None,
+    'samples_per_s': samples_per_s,
+    **({} if tokens is None else {
+      'test_bits': last_eval.get('test_bits'), 'unit': ds.unit,
+      'tokens_per_s': samples_per_s and samples_per_s * tokens,
+    }),
     'wall_s': time.time() - wall0,
     **ledger.summarize(records, list(exp.networks), compute_s, exp.clock),
     **host.summary(),
@@ -126,15 +135,23 @@ def train(exp: Experiment, *, fresh: bool = False) -> dict[str, Any]:
 
 
 class Evaluation:
-  """The evaluation hook: test loss and accuracy of the worker-averaged model, into the log."""
+  """The evaluation hook: test loss and accuracy of the worker-averaged model, into the log.
+
+  On text the loss is also given in bits (`test_bits`: per character at
+  character level); the accuracy is that of the next token.
+  """
 
   def __init__(self, exp: Experiment, log: StepLog):
     self.step = step_lib.make_eval_step(exp.model, exp.workers)
     self.chunks = feed.eval_chunks(exp)
     self.log, self.last = log, {}
+    self.tokens = exp.dataset.tokens_per_example is not None
 
   def run(self, state) -> dict[str, float]:
-    return feed.evaluate(self.step, state, self.chunks)
+    result = feed.evaluate(self.step, state, self.chunks)
+    if self.tokens:
+      result['test_bits'] = data.sequences.bits(result['test_loss'])
+    return result
 
   def __call__(self, loop: loop_lib.Loop) -> None:
     self.last = self.run(loop.state)

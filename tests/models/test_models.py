@@ -43,6 +43,6 @@ def test_resnet20_has_about_270k_parameters_and_batch_stats():
 
 def test_unknown_model_lists_the_choices():
   with pytest.raises(
-    ValueError, match=r"unknown model 'vgg99'; choose one of \['cnn', 'mlp', 'resnet20'\]"
+    ValueError, match=r"unknown model 'vgg99'; choose one of \['cnn', 'gpt', 'mlp', 'resnet20'\]"
   ):
     models.get('vgg99', num_classes=10)

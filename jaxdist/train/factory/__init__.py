@@ -92,8 +92,27 @@ def load_config(spec: str, **overrides: Any) -> ml_collections.ConfigDict:
 # --- the run -----------------------------------------------------------------------
 
 
-def load_dataset(cfg: ml_collections.ConfigDict) -> data.Dataset:
-  """The dataset a config names: a tfds name, or 'synthetic' with the shapes it gives."""
+def load_dataset(cfg: ml_collections.ConfigDict) -> data.Dataset | data.Sequences:
+  """The dataset a config names: a tfds name, or 'synthetic' with the shapes it gives.
+
+  With `context` > 0 the dataset is text, read as tokens (`cfg.level`) and
+  cut into windows (`jaxdist.data.sequences`); `test_split` is its
+  validation split.
+  """
+  if cfg.context:
+    if cfg.level not in ('char', 'byte'):
+      raise ValueError(f"config.dataset.level must be 'char' or 'byte', got {cfg.level!r}")
+    text = data.load_text(
+      cfg.name, data_dir=cfg.data_dir or None, download=cfg.download, level=cfg.level,
+      train_split=cfg.train_split, validation_split=cfg.test_split, text_key=cfg.text_key or None,
+    )  # fmt: skip
+    try:
+      return data.sequences.from_tokens(
+        cfg.name, text.train, text.validation, text.vocab_size, cfg.context, text.level,
+        text.decode,
+      )  # fmt: skip
+    except ValueError as e:
+      raise ValueError(f'config.dataset.context: {e}') from None
   if cfg.name == 'synthetic':
     return data.synthetic(
       image_shape=tuple(int(d) for d in str(cfg.image_shape).split(',')),
@@ -186,7 +205,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
       0, seed=config.seed, num_examples=len(ds.train), batch_size=config.batch_size
     )
     sampler = build_sampler(config, ds)
-    model = models.get(config.model.name, num_classes=ds.num_classes, **_model_args(config.model))
+    model = models.get(config.model.name, num_classes=ds.num_classes, **_model_args(config, ds))
     ratio_control = controls.build(config, workers.count, networks, _num_params(model, ds))
     candidates = controls.compiled(config) if ratio_control is not None else ()
   except ValueError as e:
@@ -236,8 +255,18 @@ def hierarchy(config, workers: runtime.Workers) -> netmodel.Hierarchy:
     raise ValueError(f'config.network.{key}: {e}') from e
 
 
-def _model_args(cfg) -> dict[str, Any]:
-  """Keyword arguments of the model from `config.model` (the MLP's `hidden` widths)."""
+def _model_args(config, ds) -> dict[str, Any]:
+  """Keyword arguments of the model from `config.model` (the MLP's `hidden` widths; the GPT's
+  size and the data's context)."""
+  cfg, text = config.model, bool(config.dataset.context)
+  if (cfg.name in models.SEQUENCE_MODELS) != text:
+    raise ValueError(
+      f'config.model.name {cfg.name!r} does not fit config.dataset {config.dataset.name!r}: '
+      f'language models ({sorted(models.SEQUENCE_MODELS)}) take text (dataset.context > 0), '
+      f'the others images (dataset.context = 0)'
+    )
+  if text:
+    return {'size': cfg.size, 'context': ds.context}
   widths = config_lib.names(str(cfg.get('hidden', '')))
   if not widths:
     return {}
@@ -256,14 +285,18 @@ def _model_args(cfg) -> dict[str, Any]:
 
 def _num_params(model, ds: data.Dataset) -> int:
   """Elements of one replica's parameters (without evaluating them)."""
-  params = jax.eval_shape(lambda k: step_lib.init_params(model, k, ds.image_shape)[0],
-                          jax.random.key(0))  # fmt: skip
+  init = lambda k: step_lib.init_params(model, k, ds.input_shape, ds.input_dtype)[0]
+  params = jax.eval_shape(init, jax.random.key(0))
   return sum(x.size for x in jax.tree.leaves(params))
 
 
 def build_sampler(config, ds: data.Dataset) -> data.Sampler:
   """The sampler of `config.partition`, checked on the first step's uniform batches."""
   partition = call(data.Partition, 'partition', config.partition, seed=config.seed)
+  if partition.kind == 'labels' and isinstance(ds, data.Sequences):
+    raise ValueError(
+      "config.partition.kind 'labels' deals classes to workers; text has none: use 'iid' or 'seldp'"
+    )
   try:
     sampler = data.make_sampler(partition, ds.train.labels, config.workers)
     sampler.indices(0, [config.batch_size // config.workers] * config.workers)
