@@ -4,7 +4,7 @@ r"""A character-level GPT on the bundled complete works of Shakespeare, 8 worker
   python experiments/train.py --config=configs/shakespeare_gpt.py:small --workdir=/tmp/gpt \
       --config.sync.method=diloco --config.sync.diloco.period=50
 
-The `tiny` model (2 blocks × 64, context 64) trains on a 2-core CPU in
+The `tiny` model (4 blocks × 64, context 64) trains on a 2-core CPU in
 minutes; `small` is nanoGPT's `shakespeare_char` model (6 × 384, context
 256, ≈10.7M parameters) with its batch of 64 × 256 tokens, for a GPU. The
 validation loss is reported in nats (`test_loss`) and bits per character

@@ -35,7 +35,7 @@ class Size:
 
 
 SIZES = {
-  'tiny': Size(layers=2, width=64, heads=4, context=64),
+  'tiny': Size(layers=4, width=64, heads=4, context=64),
   'small': Size(layers=6, width=384, heads=6, context=256),
 }
 

@@ -26,6 +26,16 @@ Per run:
   heterogeneous cluster, `config.cluster`) and its α-β communication time.
 - `cost @NET`: the price of those seconds: K × hours × `config.cluster.price`.
 - `test loss`: the test loss (cross-entropy) of that model.
+- `val loss`: a language model's validation loss (cross-entropy per token,
+  in nats) of the worker-averaged model after the last step.
+- `bits/char`: that loss in bits (÷ ln 2) per token: per character at
+  character level, per byte at byte level.
+- `vs first (%)`: `val loss` less the first variant's, as a percentage of
+  the first variant's.
+- `time to L @NET`: modelled seconds on network `NET` until the validation
+  loss first fell to L, the first variant's final validation loss, and the
+  step at which it did (evaluated every `config.eval_every` steps); `not
+  reached` if it never did.
 - `train loss (last step)`: the training loss of the last step's batches.
 - `Δ vs uninterrupted (pp)`: `test acc` less that of the run that never
   stopped, in percentage points.
@@ -57,6 +67,9 @@ Per step (means over the run's steps):
 - `sent B/worker/step`: bytes one worker puts on the network for that
   payload with bandwidth-optimal algorithms: 2(K − 1)/K of it for a ring
   all-reduce, (K − 1) times it for an all-gather (`jd.netmodel.sent_bytes`).
+- `peak sent B/worker/step`: the most bytes one worker sent in any one
+  step: what a link must carry at once (Streaming DiLoCo spreads DiLoCo's
+  peak over its fragments).
 - `injected B/worker/step`: data injection: bytes each worker received.
 - `step s, all workers`: the median measured wall-clock seconds of one step
   of all K workers on this machine (simulated workers share its devices).

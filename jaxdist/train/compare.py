@@ -225,6 +225,19 @@ OPTIONAL_RUN = (
 )
 OPTIONAL_STEP = (Column('inject_bytes_per_step', 'injected B/worker/step'),)
 OPTIONAL = OPTIONAL_RUN + OPTIONAL_STEP
+# a language model's: its loss is the target (`target_metric`), and the peak bytes of a step
+LOSS_RUN_COLUMNS = (
+  Column('variant', 'variant'),
+  Column('test_loss', 'val loss'),
+  Column('test_bits', 'bits/char'),
+  Column('gap_pct', 'vs first (%)'),
+)
+PEAK = Column('peak_sent', 'peak sent B/worker/step')
+
+
+def target_metric(summary: Mapping[str, Any]) -> str:
+  """What a comparison's target is: a language model's validation loss, else test accuracy."""
+  return 'test_loss' if summary.get('test_bits') is not None else 'test_accuracy'
 
 
 def table_columns(
@@ -236,9 +249,10 @@ def table_columns(
   also has its modelled seconds and cost on each. Optional columns appear when
   a row has them.
   """
-  target = f'{rows[0]["target"]:.4f}'
-  per_run = RUN_COLUMNS + tuple(
-    Column(f'tta@{n}', f'time to {target} @{n}', 'time to A @NET') for n in networks
+  target, loss = f'{rows[0]["target"]:.4f}', rows[0]['metric'] == 'test_loss'
+  per_run = (LOSS_RUN_COLUMNS if loss else RUN_COLUMNS) + tuple(
+    Column(f'tta@{n}', f'time to {target} @{n}', 'time to L @NET' if loss else 'time to A @NET')
+    for n in networks
   )
   if heterogeneous:
     per_run += tuple(
@@ -246,7 +260,8 @@ def table_columns(
     )
     per_run += tuple(Column(f'cost@{n}', f'cost @{n}', 'cost @NET') for n in networks)
   present = lambda cols: tuple(c for c in cols if any(c.key in row for row in rows))
-  return per_run + present(OPTIONAL_RUN), STEP_COLUMNS + present(OPTIONAL_STEP)
+  per_step = STEP_COLUMNS + ((PEAK,) if loss else ()) + present(OPTIONAL_STEP)
+  return per_run + present(OPTIONAL_RUN), per_step
 
 
 class Run(NamedTuple):
@@ -258,30 +273,46 @@ class Run(NamedTuple):
 
 
 def table_rows(runs: dict[str, Run], networks: Sequence[str]) -> list[dict[str, Any]]:
-  """One row per variant; the first variant's final accuracy is everyone's target."""
+  """One row per variant; the first variant's final accuracy (a language model's validation
+  loss, `target_metric`) is everyone's target."""
   first = next(iter(runs.values())).summary
-  target = first['test_accuracy']
+  metric = target_metric(first)
+  target = first[metric]
   rows = []
   for name, (summary, records, clock) in runs.items():
     row = {
       'variant': name,
       'test_accuracy': summary['test_accuracy'],
-      'delta_pp': 100 * (summary['test_accuracy'] - target),
+      'delta_pp': 100 * (summary['test_accuracy'] - first['test_accuracy']),
       'payload': summary['payload_bytes_per_step'],
       'sent': summary['sent_bytes_per_step'],
       'synced': f'{summary["sync_fraction"]:.1%}' if summary['sync_fraction'] is not None else None,
       'worker_step_s': summary['worker_step_s'],
       'target': target,
+      'metric': metric,
+      **_loss_fields(summary, target, metric),
       **{c.key: summary[c.key] for c in OPTIONAL if summary.get(c.key) is not None},
     }
     for net in networks:
       compute_s = summary['worker_step_s']
-      hit = ledger.time_to_accuracy(records, target, net, compute_s, clock(compute_s))
+      hit = ledger.time_to_accuracy(records, target, net, compute_s, clock(compute_s), metric)
       row[f'tta@{net}'] = f'{hit[1]:.2f}s (step {hit[0]})' if hit else 'not reached'
       row[f'modelled_s@{net}'] = summary.get(f'modelled_s@{net}')
       row[f'cost@{net}'] = summary.get(f'cost@{net}')
     rows.append(row)
   return rows
+
+
+def _loss_fields(summary: Mapping[str, Any], target: float, metric: str) -> dict[str, Any]:
+  """A language model's row entries: its loss, in bits, its gap to the target, its peak bytes."""
+  if metric != 'test_loss':
+    return {}
+  return {
+    'test_loss': summary['test_loss'],
+    'test_bits': summary['test_bits'],
+    'gap_pct': 100 * (summary['test_loss'] - target) / target,
+    'peak_sent': summary['peak_sent_bytes_per_step'],
+  }
 
 
 def plot_title(runs: Mapping[str, Run]) -> str:
@@ -308,31 +339,37 @@ def plot(runs: Mapping[str, Run], networks: Sequence[str], title: str = '') -> F
 
   The target is the first variant's final accuracy, as in the tables; the
   accuracy axis starts below the lowest final accuracy (`accuracy_range`).
+  A language model's panels show its validation loss instead (`target_metric`).
   """
-  target = next(iter(runs.values())).summary['test_accuracy']
-  finals = [run.summary['test_accuracy'] for run in runs.values()]
-  best = max(r['test_accuracy'] for run in runs.values() for r in run.records
-             if 'test_accuracy' in r)  # fmt: skip
+  metric = target_metric(next(iter(runs.values())).summary)
+  target = next(iter(runs.values())).summary[metric]
+  finals = [run.summary[metric] for run in runs.values()]
+  best = max(r[metric] for run in runs.values() for r in run.records
+             if metric in r)  # fmt: skip
   fig = Figure(figsize=(5 * len(networks), 4))
   axes = fig.subplots(1, len(networks), squeeze=False)
   for ax, net in zip(axes[0], networks, strict=True):
     for name, (summary, records, make_clock) in runs.items():
       compute_s = summary['worker_step_s']
       clock = dict(ledger.modelled_clock(records, net, compute_s, make_clock(compute_s)))
-      evals = [r for r in records if 'test_accuracy' in r]
+      evals = [r for r in records if metric in r]
       ax.plot(
         [clock[r['step']] for r in evals],
-        [r['test_accuracy'] for r in evals],
+        [r[metric] for r in evals],
         'o-',
         ms=3,
         label=name,
       )
     ax.axhline(target, color='gray', ls='--', lw=1, label=f'target {target:.4f}')
-    ax.set(xlabel=f'modelled time (s) @ {net}', ylabel='test accuracy')
-    ax.set_ylim(accuracy_range(finals, target, best))
+    if metric == 'test_loss':
+      ax.set(xlabel=f'modelled time (s) @ {net}', ylabel='validation loss (nats/token)')
+      ax.set_ylim(min(*finals, target) - 0.1, max(finals) + 0.6)
+    else:
+      ax.set(xlabel=f'modelled time (s) @ {net}', ylabel='test accuracy')
+      ax.set_ylim(accuracy_range(finals, target, best))
     report.log_scale(ax, 'x')
     ax.grid(alpha=0.3)
-    ax.legend(loc='lower right', fontsize='small')
+    ax.legend(loc='upper right' if metric == 'test_loss' else 'lower right', fontsize='small')
   if title:
     fig.suptitle(title)
   fig.tight_layout()

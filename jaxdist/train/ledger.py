@@ -176,11 +176,18 @@ def time_to_accuracy(
   network: str,
   compute_s: float,
   clock: netmodel.WorkerClock | None = None,
+  metric: str = 'test_accuracy',
 ) -> tuple[int, float] | None:
-  """(step, modelled seconds) of the first evaluation reaching `target`, or None."""
+  """(step, modelled seconds) of the first evaluation reaching `target`, or None.
+
+  `metric`: the evaluation's figure, an accuracy (reached at or above the
+  target) or a loss (a key ending in `loss`: reached at or below it).
+  """
   times = dict(modelled_clock(records, network, compute_s, clock))
+  lower = metric.endswith('loss')
   for r in records:
-    if r.get('test_accuracy') is not None and r['test_accuracy'] >= target:
+    value = r.get(metric)
+    if value is not None and (value <= target if lower else value >= target):
       return r['step'], times[r['step']]
   return None
 
@@ -206,6 +213,7 @@ def summarize(
   out = {
     'payload_bytes_per_step': mean('payload_bytes'),
     'sent_bytes_per_step': mean('sent_bytes'),
+    'peak_sent_bytes_per_step': max((r['sent_bytes'] for r in records), default=None),
     'sent_bytes_per_worker': sum(r['sent_bytes'] for r in records) if records else None,
     'sync_fraction': mean('synced'),
     'median_step_s': median_step_s(records),
