@@ -4,8 +4,11 @@ A method's factory arguments are its config section (`config.sync.<name>`,
 `jaxdist.train.config`); its row says the rest of what the trainer must know:
 
 - `optimizer`: where the local optimizer goes: 'before' the transform (it
-  averages gradients), 'after' it (it averages models), or passed 'in' as
-  its first argument (it wraps the optimizer).
+  averages gradients), 'after' it (it averages models), passed 'in' as
+  its first argument (it wraps the optimizer), or 'own': the method is the
+  whole optimizer (DeMo, 1-bit Adam), and takes `config.optimizer`'s
+  learning-rate schedule as its `learning_rate` (the rest of that section,
+  its name and weight decay, is the method's own section's business).
 - `supplies`: the arguments the trainer supplies from the run rather than
   the section (`factory.SUPPLIES`): the worker axis, the number of workers,
   the compressor of `config.compress`, hierarchical Top-k's node layout.

@@ -30,6 +30,7 @@ def test_every_sync_section_key_is_an_argument_of_its_factory():
     keys = set(sections[name])
     row = methods.METHODS.get(name)
     supplied = SUPPLIED | (FIRST_ARG_OPTIMIZER if row and row.optimizer == 'in' else set())
+    supplied |= {'learning_rate'} if row and row.optimizer == 'own' else set()
     if name in factory.COMPENSATIONS:
       supplied = supplied | {'delay'}  # gradient_delay's
     extra = keys - arguments(fn)

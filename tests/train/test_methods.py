@@ -26,12 +26,14 @@ def test_every_row_has_a_section_and_every_method_section_a_row():
 def test_a_row_names_a_public_factory_and_consistent_rules(name):
   row = methods.METHODS[name]
   assert getattr(jd.sync, name) is row.make
-  assert row.optimizer in ('before', 'after', 'in')
+  assert row.optimizer in ('before', 'after', 'in', 'own')
   assert set(row.supplies) <= set(factory.SUPPLIES)
   params = inspect.signature(row.make).parameters
   assert set(row.convert) <= set(params), 'convert names arguments of the factory'
   if row.optimizer == 'in':
     assert next(iter(params)) in ('optimizer', 'global_optimizer')
+  if row.optimizer == 'own':
+    assert 'learning_rate' in params, 'a method that is the optimizer takes the run schedule'
   assert bool(row.model) != bool(row.refused), 'a method is resharded or refused, with a reason'
   assert row.model in ('', methods.REPLICATED, methods.MEAN, methods.CYCLIC)
   assert row.device in ('', 'model', 'split')

@@ -124,8 +124,15 @@ SUPPLIES: dict[str, Callable[..., dict[str, Any]]] = {
 }
 
 
-def sync_transform(config, workers: runtime.Workers, opt) -> optax.GradientTransformation:
-  """The transform `config.sync.method` names, built from its section, with `opt` passed in."""
+def sync_transform(
+  config, workers: runtime.Workers, opt, schedule=None
+) -> optax.GradientTransformation:
+  """The transform `config.sync.method` names, built from its section.
+
+  `opt` is passed in as the first argument of a method that wraps the local
+  optimizer ('in'); `schedule`, config.optimizer's learning rate, as the
+  `learning_rate` of a method that is the whole optimizer ('own').
+  """
   method = config.sync.method
   row, where = methods.get(method), f'sync.{method}'
   section = dict(config.sync[method])
@@ -142,6 +149,10 @@ def sync_transform(config, workers: runtime.Workers, opt) -> optax.GradientTrans
   make = row.weighted if row.weighted and uneven else row.make  # weights b_k / G
   if row.optimizer == 'in':
     supplied[next(iter(inspect.signature(make).parameters))] = opt
+  if row.optimizer == 'own':
+    if schedule is None:
+      schedule = build_optimizer(config.optimizer, config.steps)[1]
+    supplied['learning_rate'] = schedule
   return call(make, where, section, **supplied)
 
 
@@ -255,10 +266,10 @@ def build_chain(
       raise ValueError('config.sync.compensation: spike_compensation replaces SGD momentum; '
                        f'it needs optimizer.name sgd, got {config.optimizer.name!r}')  # fmt: skip
     opt = optax.scale_by_learning_rate(schedule)
-  tx = sync_transform(config, workers, opt)
+  tx = sync_transform(config, workers, opt, schedule)
   if row.optimizer == 'after':
     return optax.chain(opt, tx), schedule
-  if row.optimizer == 'in':
+  if row.optimizer in ('in', 'own'):
     return tx, schedule
   parts = [tx]
   if config.sync.local_clip.max_norm:
