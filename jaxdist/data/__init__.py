@@ -1,4 +1,4 @@
-"""Datasets (the bundled `digits` as a real tfds builder), per-worker batching and partitions."""
+"""Datasets (the bundled `digits` and `shakespeare` as tfds builders), batching, partitions."""
 
 from jaxdist.data import sequences
 from jaxdist.data.loader import (
@@ -14,6 +14,7 @@ from jaxdist.data.loader import (
 )
 from jaxdist.data.partition import KINDS, Batch, Partition, Sampler, make_sampler
 from jaxdist.data.sequences import Sequences, Windows
+from jaxdist.data.text import Text, load_text
 
 __all__ = [
   'BUNDLED',
@@ -25,10 +26,12 @@ __all__ = [
   'Sampler',
   'Sequences',
   'Split',
+  'Text',
   'Windows',
   'batch_indices',
   'default_data_dir',
   'load',
+  'load_text',
   'make_sampler',
   'sequences',
   'synthetic',

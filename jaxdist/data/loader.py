@@ -23,9 +23,10 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdist.data import digits as digits_lib
+from jaxdist.data import shakespeare as shakespeare_lib
 
-BUNDLED = ('digits',)
-_CHUNK = 4096
+BUNDLED = ('digits', 'shakespeare')
+CHUNK = 4096  # records read per call
 
 
 class DatasetError(ValueError):
@@ -179,7 +180,31 @@ def load(
       no random access.
   """
   data_dir = data_dir or default_data_dir()
-  builder = _builder(name, data_dir)
+  builder = prepared_builder(name, data_dir, download)
+  train_source, test_source = sources(name, builder, data_dir, download, (train_split, test_split))
+  image_key, label_key = builder.info.supervised_keys or ('image', 'label')
+  try:
+    num_classes = builder.info.features[label_key].num_classes
+  except (KeyError, AttributeError) as e:
+    raise DatasetError(
+      f'tfds dataset {name!r} has no class label {label_key!r}: `load` reads image '
+      f'classifiers; a text dataset is read with `load_text` (config.dataset.context > 0)'
+    ) from e
+  train = _read_split(train_source, image_key, label_key)
+  test = _read_split(test_source, image_key, label_key)
+  mean, std = _channel_statistics(train.images)
+  return Dataset(name, train, test, num_classes, mean, std)
+
+
+def prepared_builder(
+  name: str, data_dir: str, download: bool, kind: str = 'image'
+) -> tfds.core.DatasetBuilder:
+  """The tfds builder of `name`, prepared: a bundled dataset is built on first use.
+
+  Raises:
+    DatasetError: an unknown name, or a dataset not prepared and `download` off.
+  """
+  builder = _builder(name, data_dir, kind)
   if not builder.is_prepared():
     if name in BUNDLED:
       _build_bundled(builder, data_dir)
@@ -190,10 +215,21 @@ def load(
         f'(needs the internet and TensorFlow), or allow the download with '
         f'--config.dataset.download=True.'
       )
+  return builder
+
+
+def sources(
+  name: str,
+  builder: tfds.core.DatasetBuilder,
+  data_dir: str,
+  download: bool,
+  splits: tuple[str, ...],
+) -> list:
+  """Random-access sources of `splits` (tfds names, slicing allowed) of a prepared dataset."""
   try:
-    train_source, test_source = tfds.data_source(
+    return tfds.data_source(
       name,
-      split=[train_split, test_split],
+      split=list(splits),
       data_dir=data_dir,
       download=download,
       builder_kwargs={'file_format': 'array_record'},
@@ -206,31 +242,24 @@ def load(
     ) from e
   except ValueError as e:  # an unknown split or a bad slice
     raise DatasetError(
-      f'dataset {name!r}: bad split {train_split!r} or {test_split!r} ({e}); '
+      f'dataset {name!r}: bad split among {list(splits)} ({e}); '
       f'it has {sorted(builder.info.splits)}'
     ) from e
-  image_key, label_key = builder.info.supervised_keys or ('image', 'label')
-  try:
-    num_classes = builder.info.features[label_key].num_classes
-  except (KeyError, AttributeError) as e:
-    raise DatasetError(
-      f'tfds dataset {name!r} has no class label {label_key!r}: jaxdist trains image classifiers'
-    ) from e
-  train = _read_split(train_source, image_key, label_key)
-  test = _read_split(test_source, image_key, label_key)
-  mean, std = _channel_statistics(train.images)
-  return Dataset(name, train, test, num_classes, mean, std)
 
 
-def _builder(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
-  if name == 'digits':
-    return digits_lib.Digits(data_dir=data_dir, file_format='array_record')
+_BUNDLED_BUILDERS = {'digits': digits_lib.Digits, 'shakespeare': shakespeare_lib.Shakespeare}
+
+
+def _builder(name: str, data_dir: str, kind: str = 'image') -> tfds.core.DatasetBuilder:
+  if name in _BUNDLED_BUILDERS:
+    return _BUNDLED_BUILDERS[name](data_dir=data_dir, file_format='array_record')
   try:
     return tfds.builder(name, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError as e:
+    examples = 'mnist, cifar10' if kind == 'image' else 'lm1b, tiny_shakespeare'
     raise DatasetError(
       f'unknown dataset {name!r}: not a tfds dataset name. jaxdist bundles {BUNDLED}; '
-      f'any other tfds image dataset (mnist, cifar10, ...) works once prepared.'
+      f'any other tfds {kind} dataset ({examples}, ...) works once prepared.'
     ) from e
 
 
@@ -244,8 +273,8 @@ def _build_bundled(builder: tfds.core.DatasetBuilder, data_dir: str) -> None:
 
 def _read_split(source, image_key: str, label_key: str) -> Split:
   images, labels = [], []
-  for start in range(0, len(source), _CHUNK):
-    records = source.__getitems__(list(range(start, min(start + _CHUNK, len(source)))))
+  for start in range(0, len(source), CHUNK):
+    records = source.__getitems__(list(range(start, min(start + CHUNK, len(source)))))
     images.append(np.stack([r[image_key] for r in records]))
     labels.append(np.asarray([r[label_key] for r in records], np.int32))
   images = np.concatenate(images)
