@@ -381,3 +381,23 @@ def test_host_controllers_resume_after_sigkill(tmp_path, data_dir, controller):
     assert len({tuple(r['batches']) for r in want}) > 2  # the controller moved more than once
   else:
     assert all(r['inject_bytes'] > 0 for r in got) and summary['buffer_peak_total'] > 0
+
+
+@pytest.mark.parametrize('method, option', [('allreduce', ''), ('diloco', 'diloco.period=4')])
+def test_shakespeare_gpt_runlocal_trains_a_language_model(tmp_path, data_dir, method, option):
+  config = f'--config={os.path.join(REPO, "configs/shakespeare_gpt.py")}:runlocal,workers=4'
+  extra = [f'--config.sync.{option}'] if option else []
+  proc = subprocess.run(
+    binary_cmd(config, f'--workdir={tmp_path}', f'--config.sync.method={method}', *extra),
+    env=binary_env(data_dir),
+    capture_output=True,
+    text=True,
+    timeout=TIMEOUT,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads((tmp_path / 'summary.json').read_text())
+  assert summary['model'] == 'gpt' and summary['dataset'] == 'shakespeare'
+  assert summary['unit'] == 'char' and summary['tokens_per_s'] > 0
+  # 20 steps from uniform guessing over 84 characters (ln 84 = 4.43 nats) must learn something
+  assert summary['test_loss'] < 4.2
+  np.testing.assert_allclose(summary['test_bits'], summary['test_loss'] / np.log(2), rtol=1e-6)
