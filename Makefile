@@ -12,7 +12,7 @@ LOCK := requirements.lock
 PIP_VERSION := 26.3
 UV_VERSION := 0.13.9
 
-.PHONY: run test lint format docs bench bench-peers results clean lock wheel
+.PHONY: run test lint format docs bench bench-lm bench-peers results results-lm clean lock wheel
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ docs: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) experiments/bench_step.py
+
+# The language model's step: every variant of configs/variants/lm.py against AdamW's, in turns
+bench-lm: $(VENV)/.installed
+	$(PY) experiments/bench_step.py --nolayouts --scaling= --overhead_params= --lm=all \
+	  --results=experiments/results/step_lm.md
 
 # jaxdist beside PyTorch DDP on the digits CNN: jaxdist's half, and DDP's beside it with
 # TORCH_PYTHON=path/to/torchenv/bin/python (a separate venv with torch; never this one)
@@ -81,6 +86,13 @@ results: $(VENV)/.installed
 	  --variants=configs/variants/elastic.py --results=experiments/results/elastic.md
 	$(PY) experiments/plan.py --workdir=workdir/plan
 	cp workdir/plan/plan.md workdir/plan/plan.png experiments/results/
+	$(MAKE) results-lm
+
+# The DiLoCo family on the character-level GPT (configs/variants/lm.py), and its step times
+results-lm: $(VENV)/.installed
+	$(PY) experiments/compare.py --config=configs/shakespeare_gpt.py --workdir=workdir/results_lm \
+	  --config.progress=False --variants=configs/variants/lm.py --results=experiments/results/lm.md
+	$(MAKE) bench-lm
 	$(PY) experiments/docs_tables.py
 
 # The newest versions pyproject.toml's ranges admit (the core and the `all` extra: every extra

@@ -63,6 +63,15 @@ collectives per step, and what it sends with ring algorithms (an all-gather
 sends its payload to N-1 workers). `--nolayouts --scaling=` prints this table
 alone.
 
+The fourth (`--lm`) is the language model's: every variant of
+`--lm_variants` (configs/variants/lm.py: AdamW with a dense all-reduce first,
+then the DiLoCo family and the compressors) on `--lm_config`'s GPT, built by
+the trainer's own factory from the variant's config keys, timed in turns in
+windows of `--lm_steps` steps (a multiple of every period, so that a window
+holds each periodic method's outer steps in their share), with its ratio to
+the first variant's step. `--nolayouts --scaling= --overhead_params= --lm=all`
+prints it alone.
+
   python experiments/bench_step.py                       # CNN, digits-sized input
   python experiments/bench_step.py --model=resnet20 --image=32,32,3 --batch=256 \
       --steps=2 --repeats=3
@@ -96,6 +105,10 @@ flags.DEFINE_enum('overhead_model', 'cnn', ['cnn', 'mlp'], 'Model family of the 
 flags.DEFINE_integer('overhead_workers', 8, 'Workers of the compressor table (on all devices).')
 flags.DEFINE_integer('overhead_steps', 0, 'Steps per window of the compressor table (0: auto).')
 flags.DEFINE_float('overhead_window_s', 1.0, "Auto windows last about this long (dense row's).")
+flags.DEFINE_list('lm', [], "Variants of --lm_variants for the LM table ('all': every one).")
+flags.DEFINE_string('lm_variants', 'configs/variants/lm.py', 'Variants file of the LM table.')
+flags.DEFINE_string('lm_config', 'shakespeare_gpt.py', 'Config (with :args) of the LM table.')
+flags.DEFINE_integer('lm_steps', 50, 'Steps per window of the LM table.')
 flags.DEFINE_string('results', None, 'Also write the tables as markdown here, with the command.')
 FLAGS = flags.FLAGS
 
@@ -469,6 +482,89 @@ def _layout_columns(sharded_devices: int) -> list[tuple[str, str]]:
   ]
 
 
+LM_COLUMNS = [
+  ('variant', 'variant'),
+  ('method', 'sync'),
+  ('ms_text', 'step ms'),
+  ('ratio_text', '÷ first'),
+  ('tokens_text', 'tokens/s'),
+  ('compile', 'compile s'),
+  ('memory', 'memory/device'),
+]
+
+
+def _lm_table() -> tuple[str, list[dict]]:
+  """The language model's table: (title, rows), one row per variant of `--lm_variants`."""
+  import os
+  import tempfile
+
+  import jax
+  import numpy as np
+
+  from jaxdist import data
+  from jaxdist.train import compare, factory, report
+  from jaxdist.train import config as config_lib
+  from jaxdist.train import step as step_lib
+
+  path = config_lib.find(FLAGS.lm_variants)
+  only = None if FLAGS.lm == ['all'] else FLAGS.lm
+  base = factory.load_config(FLAGS.lm_config)
+  try:
+    shared, variants = compare.choose(base, path, only, folder=os.path.dirname(path))
+  except factory.ConfigError as e:
+    raise app.UsageError(f'--lm: {e}') from None
+  names = list(variants)
+  runs, found, steps, title = {}, {}, FLAGS.lm_steps, ''
+  for name in names:
+    config = compare.variant_config(shared, variants, name)
+    config.progress = False
+    with tempfile.TemporaryDirectory() as tmp:
+      exp = factory.build(config, tmp)
+    ds, workers = exp.dataset, exp.workers
+    per = config.batch_size // workers.count
+    idx = data.worker_indices(
+      0, seed=0, num_examples=len(ds.train), workers=workers.count, per_worker=per
+    )
+    x, y = (jax.device_put(a, workers.sharding) for a in ds.inputs(ds.train, idx))
+    init = step_lib.make_init(exp.model, exp.tx, workers, ds.input_shape, exp.way, ds.input_dtype)
+    box = [init(jax.random.key(0)), None]
+    jitted = step_lib.make_train_step(exp.model, exp.tx, workers, per_worker=exp.way)
+    train_step, seconds, memory, _ = _compile(jitted, (box[0], x, y))
+
+    def run(train_step=train_step, box=box, x=x, y=y):
+      for _ in range(steps):
+        box[0], box[1] = train_step(box[0], x, y)
+      jax.block_until_ready(box[1])
+
+    runs[name] = run
+    found[name] = {
+      'variant': name,
+      'method': config.sync.method,
+      'compile': f'{seconds:.2f}',
+      'memory': report.human_bytes(memory) if memory is not None else '-',
+      'tokens': config.batch_size * ds.tokens_per_example,
+    }
+    n = sum(int(np.prod(p.shape[1:])) for p in jax.tree.leaves(box[0].params))
+    title = (
+      f'language model: {config.model.name} {config.model.size} ({n:,} parameters), '
+      f'{workers.count} workers on {workers.devices} device(s), '
+      f'{config.batch_size} x {ds.tokens_per_example} tokens per step, windows of {steps} steps'
+    )
+    print(f'{title}: {name} compiled in {seconds:.1f} s', flush=True)
+  window_s = _windows(runs)
+  first = window_s[names[0]]
+  rows = []
+  for name in names:
+    row = found[name]
+    ms = 1e3 * window_s[name] / steps
+    rows.append(row | {
+      'ms_text': f'{ms:.2f}',
+      'ratio_text': f'{window_s[name] / first:.3f}x',
+      'tokens_text': f'{row["tokens"] / (ms / 1e3):,.0f}',
+    })  # fmt: skip
+  return title, rows
+
+
 def _report(tables: list[tuple[str, str, list[dict], list]]) -> None:
   """Prints the tables ((name, title, rows, columns)) and writes them to `--results` if given.
 
@@ -523,6 +619,7 @@ def main(argv):
   scaling = _scaling_rows(layouts, n_dev)
   layouts.time()
   overhead_title, overhead = _overhead(x, y, shape) if FLAGS.overhead_params else ('', [])
+  lm_title, lm = _lm_table() if FLAGS.lm else ('', [])
 
   columns = _layout_columns(sharded_devices)
   tables = []
@@ -533,6 +630,8 @@ def main(argv):
     tables.append(('scaling', scaling_title, layouts.fmt(scaling, sharded_devices), columns[1:]))
   if overhead:
     tables.append(('overhead', overhead_title, _fmt_overhead(overhead), OVERHEAD_COLUMNS))
+  if lm:
+    tables.append(('lm', lm_title, lm, LM_COLUMNS))
   _report(tables)
 
 
