@@ -559,7 +559,7 @@ def _lm_table() -> tuple[str, list[dict]]:
     ms = 1e3 * window_s[name] / steps
     rows.append(row | {
       'ms_text': f'{ms:.2f}',
-      'ratio_text': f'{window_s[name] / first:.3f}x',
+      'ratio_text': f'{window_s[name] / first:.3f}',
       'tokens_text': f'{row["tokens"] / (ms / 1e3):,.0f}',
     })  # fmt: skip
   return title, rows

@@ -70,3 +70,27 @@ def test_compressor_table_at_toy_sizes(tmp_path):
   small = {r['method']: r['payload B/worker/step'] for r in rows if r['params'] == '2,570'}
   assert small['dense all-reduce'] == '10.04 KiB'  # 2,570 x 4 B
   assert small['Top-k 1%, EF'] == small['DGC 1%, EF'] == '200 B'
+
+
+@pytest.mark.slow
+def test_language_model_table_times_each_variant_against_the_first(tmp_path):
+  results = tmp_path / 'step_lm.md'
+  env = {**os.environ, 'XLA_FLAGS': xla_flags_for_tests()}
+  env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
+  args = ['--nolayouts', '--scaling=', '--overhead_params=', '--lm=bsp,diloco10', '--lm_steps=2',
+          '--repeats=1', '--lm_config=shakespeare_gpt.py:runlocal,workers=4']  # fmt: skip
+  proc = subprocess.run(
+    [sys.executable, SCRIPT, *args, f'--results={results}'],
+    cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  text = results.read_text()
+  assert 'compressor overhead' not in text
+  rows = _table(text, 'language model: gpt tiny (')
+  assert [(r['variant'], r['sync']) for r in rows] == [('bsp', 'allreduce'), ('diloco10', 'diloco')]
+  assert rows[0]['÷ first'] == '1.000'
+  for r in rows:
+    for key in ('÷ first', 'step ms', 'compile s'):
+      value = float(r[key])
+      assert math.isfinite(value) and value > 0, (key, r)
+  assert '4 workers on' in text and '64 x 32 tokens per step, windows of 2 steps' in text
