@@ -95,7 +95,7 @@ def test_any_prepared_tfds_text_dataset_reads_through_the_same_path(tmp_path):
 def test_bad_names_levels_and_unprepared_datasets_say_what_to_do(tmp_path):
   with pytest.raises(ValueError, match=r"level must be one of \('char', 'byte'\), got 'word'"):
     data.load_text('shakespeare', level='word')
-  with pytest.raises(data.DatasetError, match='unknown dataset .*lm1b, tiny_shakespeare'):
+  with pytest.raises(data.DatasetError, match=r'unknown dataset .*lm1b, tiny_shakespeare'):
     data.load_text('no_such_text', data_dir=str(tmp_path))
   with pytest.raises(data.DatasetError, match=r"'tiny_shakespeare' is not prepared.*tfds build"):
     data.load_text('tiny_shakespeare', data_dir=str(tmp_path))
