@@ -1,4 +1,4 @@
-"""2 processes x 4 CPU devices on 127.0.0.1 == 1 process x 8 devices."""
+"""2 processes x 4 CPU devices on 127.0.0.1 == 1 process x 8 devices (digits, and the GPT)."""
 
 import os
 import subprocess
@@ -24,9 +24,23 @@ def flat(tree, prefix=''):
       yield prefix + key, value
 
 
-def test_two_processes_match_one(tmp_path, data_dir):
+CASES = {
+  'digits': ['configs/digits.py:runlocal'],
+  # a language model with a method whose collectives are staggered over steps
+  'lm': [
+    'configs/shakespeare_gpt.py:runlocal',
+    '--config.sync.method=diloco',
+    '--config.sync.diloco.period=2',
+  ],
+}
+
+
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_two_processes_match_one(tmp_path, data_dir, case):
+  spec, *options = CASES[case]
   config = [
-    f'--config={os.path.join(REPO, "configs/digits.py")}:runlocal',
+    f'--config={os.path.join(REPO, spec)}',
+    *options,
     f'--config.steps={STEPS}',
     '--config.eval_every=3',
     '--config.checkpoint_every=3',
