@@ -82,7 +82,7 @@ def quantize(x_KxB: jax.Array, format: str) -> tuple[jax.Array, jax.Array]:
   if fmax is None:
     return x_KxB, jnp.ones(x_KxB.shape[:-1], jnp.float32)
   scale_K = jnp.max(jnp.abs(x_KxB), axis=-1) / fmax
-  scale_K = jnp.where(scale_K > 0, scale_K, 1.0)  # NaN stays NaN: the block stays poisoned
+  scale_K = jnp.where(scale_K == 0, 1.0, scale_K)  # NaN and inf stay: the block is poisoned
   y_KxB = jnp.clip(x_KxB / scale_K[..., None], -fmax, fmax)
   if format == 'int8':
     y_KxB = jnp.round(y_KxB)
