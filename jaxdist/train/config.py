@@ -12,7 +12,8 @@ sections. Three kinds of value stand for objects the trainer builds:
   is a dict like `config.optimizer` (name, learning_rate, momentum, ...);
 - `averager` names the transform that averages a worker's change since the
   last sync: '' (average the models themselves), 'allreduce',
-  'compressed_allreduce' (with `config.compress`) or 'powersgd';
+  'compressed_allreduce' (with `config.compress`), 'quantized_allreduce'
+  (with `config.sync.quantized_allreduce`) or 'powersgd';
 - `bucketed_allreduce.buckets` is a bucket size in bytes (DDP-style fixed
   buckets in backward order).
 
@@ -84,6 +85,9 @@ def sync() -> ml_collections.ConfigDict:
   # 2 nodes x 8); the ledger prices its intra-node collectives on config.network.intra.
   s.hitopk_allreduce = dict(error_feedback=True, seed=0)
   s.powersgd = dict(rank=2, start_step=0, error_feedback=True, min_size=0, warm_start=True, seed=0)
+  # Block-scaled quantised all-reduce (torchft fp8 / ZeRO++ qgZ): int8 | fp8 | float32 (none),
+  # one float32 scale per block_size elements; also an `averager` (with this section).
+  s.quantized_allreduce = dict(format='int8', block_size=256)
   s.bucketed_allreduce = dict(buckets=65536, averager='')  # buckets: bytes per bucket
   s.stale_sync = dict(max_delay=2, delays='uniform', read_my_writes=False, p=0.5, seed=0)
   s.ssp = dict(staleness=2, seed=0)

@@ -267,3 +267,32 @@ def test_another_number_of_workers_fails_at_trace_time():
   run = testing.Run(qar('int8', 4, workers=8), jnp.zeros(8), workers=4)
   with pytest.raises(ValueError, match=r'holds 4 workers, but num_workers=8'):
     run(jnp.zeros((4, 8)))
+
+
+# --- the trainer builds it by name -----------------------------------------------------------
+
+
+def test_the_trainer_builds_it_as_a_method_and_as_diloco_s_averager():
+  from jaxdist.train import config as config_lib
+  from jaxdist.train import factory
+
+  def chain(method, **section):
+    config = config_lib.base()
+    config.sync.method, config.steps = method, 10
+    config.sync.quantized_allreduce.update(format='float32', block_size=8)
+    config.sync.diloco.update(period=2, **section)
+    return factory.build_chain(config, runtime.layout(W))[0]
+
+  run = testing.Run(chain('quantized_allreduce'), params(), workers=W)
+  want = testing.Run(chain('allreduce'), params(), workers=W)
+  got, ref = run.steps(2, grads_at), want.steps(2, grads_at)
+  for k in SHAPES:
+    np.testing.assert_allclose(got[k], ref[k], rtol=1e-6, atol=1e-6, err_msg=k)
+  run = testing.Run(chain('diloco', averager='quantized_allreduce'), params(), workers=W)
+  want = testing.Run(chain('diloco'), params(), workers=W)
+  got, ref = run.steps(4, grads_at), want.steps(4, grads_at)
+  for k in SHAPES:
+    np.testing.assert_allclose(got[k], ref[k], rtol=1e-6, atol=1e-6, err_msg=k)
+  a2a, ag = comm.find_transfers(run.state)  # the averager's, not the dense all-reduce
+  assert (a2a.kind, ag.kind) == ('all-to-all', 'all-gather')
+  assert run.history == [[0, 0], [1, 1]] * 2
