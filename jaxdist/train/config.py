@@ -59,13 +59,9 @@ def optimizer(name: str = 'sgd', learning_rate: float = 0.1, **kw: Any) -> dict[
   )
 
 
-def sync() -> ml_collections.ConfigDict:
-  """`config.sync`: the method, and one section of factory arguments per method."""
-  s = ml_collections.ConfigDict()
-  s.method = 'allreduce'  # a row of jaxdist.train.methods: the jaxdist.sync factory of that name
-  # Gradient averaging (the local optimizer follows).
-  s.allreduce = {}
-  s.compressed_allreduce = dict(  # the compressor: config.compress
+def _compressed_allreduce() -> dict[str, Any]:
+  """`config.sync.compressed_allreduce` (a function of its own: `sync` stays short)."""
+  return dict(
     collective='allgather',  # allgather | allreduce (AR-Top-k, summed payloads) | auto
     error_feedback=True,
     fused=True,  # compress the whole model as one vector
@@ -80,6 +76,15 @@ def sync() -> ml_collections.ConfigDict:
     algorithm='ring',
     seed=0,
   )
+
+
+def sync() -> ml_collections.ConfigDict:
+  """`config.sync`: the method, and one section of factory arguments per method."""
+  s = ml_collections.ConfigDict()
+  s.method = 'allreduce'  # a row of jaxdist.train.methods: the jaxdist.sync factory of that name
+  # Gradient averaging (the local optimizer follows).
+  s.allreduce = {}
+  s.compressed_allreduce = _compressed_allreduce()  # the compressor: config.compress
   # Hierarchical Top-k (HiTopKComm) with the sparsifier of config.compress: the devices are
   # the nodes and a device's simulated workers its local workers (workers=16, devices=2:
   # 2 nodes x 8); the ledger prices its intra-node collectives on config.network.intra.
