@@ -6,7 +6,8 @@ float32 scale; an all-to-all hands worker i chunk i of everybody's blocks,
 which it de-quantises and sums in float32, divides by N and re-quantises;
 an all-gather of the reduced chunks gives every worker the whole mean. Two
 roundings, about a quarter of a float32 all-reduce's bytes, and no overflow
-(the scales adapt to each block's largest value).
+(the scales adapt to each block's largest value). Or, with one rounding and
+N/2 times the bytes, an all-gather of everybody's quantised blocks.
 """
 
 from __future__ import annotations
@@ -29,18 +30,20 @@ FORMATS = {
   'float32': (jnp.float32, None),
 }
 SCALE_BYTES = 4  # one float32 scale per block
+COLLECTIVES = ('alltoall', 'allgather')
 
 
 class QuantizedState(NamedTuple):
   """State of `quantized_allreduce`.
 
   Attributes:
-    wire: the step's all-to-all (payload: the N chunks of this worker's
-      quantised blocks and their scales) and all-gather (payload: its reduced
-      chunk). Per-worker.
+    wire: the step's collectives. 'alltoall': the all-to-all (payload: the
+      N chunks of this worker's quantised blocks and their scales) and the
+      all-gather (payload: its reduced chunk); 'allgather': the all-gather
+      of its whole quantised vector. Per-worker.
   """
 
-  wire: tuple[comm.Transfer, comm.Transfer]
+  wire: tuple[comm.Transfer, ...]
 
 
 class Layout(NamedTuple):
@@ -112,7 +115,12 @@ def _unpack(rows: jax.Array, format: str) -> jax.Array:
 
 
 def quantized_allreduce(
-  *, axis_name: comm.AxisName, num_workers: int, format: str = 'int8', block_size: int = 256
+  *,
+  axis_name: comm.AxisName,
+  num_workers: int,
+  format: str = 'int8',
+  block_size: int = 256,
+  collective: str = 'alltoall',
 ) -> optax.GradientTransformation:
   """Averages gradients over `axis_name` with a block-scaled quantised all-reduce.
 
@@ -146,6 +154,12 @@ def quantized_allreduce(
   bytes, against 2(N−1)/N · 4n for a float32 ring all-reduce: 0.254× with
   int8 or fp8 at B = 256; 1× with 'float32' (b = 4, no scales).
 
+  `collective='allgather'` skips the reduce-scatter: every worker gathers
+  everybody's quantised vector (⌈n/B⌉ blocks, not padded to N chunks) and
+  takes the float32 mean itself, Q⁻¹-ing each worker's blocks once: one
+  rounding instead of two, but (N−1)·⌈n/B⌉·(B·b + 4) ≈ (N−1)·n·(b + 4/B)
+  bytes sent per worker, N/2 times the all-to-all's (more for N > 2).
+
   Readings taken: rounding to nearest (ties to even), never stochastic, so
   the result is biased by at most half a quantisation step per rounding;
   the scale is the block's absolute maximum (torchft), so the largest value
@@ -167,6 +181,9 @@ def quantized_allreduce(
     format: 'int8', 'fp8' (float8 E4M3, finite) or 'float32' (no
       quantisation: the degenerate case).
     block_size: B, elements per scale.
+    collective: 'alltoall' (all-to-all, float32 mean, re-quantise,
+      all-gather: two roundings, ≈ 2(N−1)/N·n·b bytes) or 'allgather'
+      (one rounding, ≈ (N−1)·n·b bytes).
 
   Returns:
     An `optax.GradientTransformation`; place it before the optimizer, or
@@ -191,20 +208,39 @@ def quantized_allreduce(
   """
   if format not in FORMATS:
     raise ValueError(f'format must be one of {tuple(FORMATS)}, got {format!r}')
+  if collective not in COLLECTIVES:
+    raise ValueError(f'collective must be one of {COLLECTIVES}, got {collective!r}')
   if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
     raise ValueError(f'block_size must be an int >= 1, got {block_size!r}')
   if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
     raise ValueError(f'num_workers must be an int >= 1, got {num_workers!r}')
 
-  def cut(tree, workers: int) -> Layout:
-    return layout(sum(math.prod(jnp.shape(x)) for x in jax.tree.leaves(tree)), workers,
-                  block_size, format)  # fmt: skip
+  chunks = lambda workers: 1 if collective == 'allgather' else workers  # cut the vector in
 
-  def wire(lay: Layout, ran: int) -> tuple[comm.Transfer, comm.Transfer]:
+  def cut(tree, workers: int) -> Layout:
+    size = sum(math.prod(jnp.shape(x)) for x in jax.tree.leaves(tree))
+    return layout(size, chunks(workers), block_size, format)
+
+  def wire(lay: Layout, ran: int) -> tuple[comm.Transfer, ...]:
+    if collective == 'allgather':
+      return (comm.transfer(comm.ALL_GATHER, lay.chunk_bytes, ran),)
     return (
       comm.transfer(comm.ALL_TO_ALL, lay.workers * lay.chunk_bytes, ran),
       comm.transfer(comm.ALL_GATHER, lay.chunk_bytes, ran),
     )
+
+  def mean_of(rows, n: int) -> jax.Array:
+    """[chunks, K, B] float32: the mean over the workers of everybody's quantised rows."""
+    if n == 1:  # a lone worker: the round trip alone, nothing on the wire
+      return _unpack(rows, format)
+    if collective == 'allgather':  # everybody's whole vector; one rounding
+      rows_NxK, _ = comm.all_gather(rows[0], axis_name)
+      return (jnp.sum(_unpack(rows_NxK, format), axis=0) / n)[None]
+    rows, _ = comm.all_to_all(rows, axis_name)  # row m: worker m's copy of my chunk
+    mine_KxB = jnp.sum(_unpack(rows, format), axis=0) / n
+    reduced = _pack(*quantize(mine_KxB, format), format)  # the second rounding
+    reduced, _ = comm.all_gather(reduced, axis_name)  # [N, K, row]
+    return _unpack(reduced, format)
 
   def init_fn(params):
     return QuantizedState(wire(cut(params, num_workers), 0))
@@ -220,19 +256,9 @@ def quantized_allreduce(
         'pass the number of workers the transform runs on'
       )
     lay = cut(updates, n)
-    x_NxKxB = jnp.pad(flat_D, (0, lay.padded - lay.size)).reshape(n, lay.blocks, block_size)
-    rows = _pack(*quantize(x_NxKxB, format), format)
-    if n == 1:  # a lone worker: the round trip alone, nothing on the wire
-      mine_KxB = _unpack(rows, format)[0]
-      sent = comm.silence(state.wire)
-    else:
-      rows, _ = comm.all_to_all(rows, axis_name)  # row m: worker m's copy of my chunk
-      mine_KxB = jnp.sum(_unpack(rows, format), axis=0) / n
-    reduced = _pack(*quantize(mine_KxB, format), format)
-    if n > 1:
-      reduced, _ = comm.all_gather(reduced, axis_name)  # [N, K, row]
-      sent = wire(lay, 1)
-    mean_D = _unpack(reduced, format).reshape(-1)[: lay.size]
+    x_CxKxB = jnp.pad(flat_D, (0, lay.padded - lay.size)).reshape(-1, lay.blocks, block_size)
+    mean_D = mean_of(_pack(*quantize(x_CxKxB, format), format), n).reshape(-1)[: lay.size]
+    sent = comm.silence(state.wire) if n == 1 else wire(lay, 1)
     out = [x.astype(g.dtype) for x, g in zip(unravel(mean_D), leaves, strict=True)]
     return jax.tree.unflatten(jax.tree.structure(updates), out), QuantizedState(sent)
 

@@ -26,9 +26,9 @@ def worker_grads(seed=0, workers=W):
   return {k: rng.standard_normal((workers, *s)).astype(np.float32) for k, s in SHAPES.items()}
 
 
-def qar(format='int8', block_size=4, workers=W):
+def qar(format='int8', block_size=4, workers=W, collective='alltoall'):
   return sync.quantized_allreduce(
-    axis_name=AX, num_workers=workers, format=format, block_size=block_size
+    axis_name=AX, num_workers=workers, format=format, block_size=block_size, collective=collective
   )
 
 
@@ -44,8 +44,7 @@ def flat(tree, w):
 # --- the degenerate case: no quantisation is the dense all-reduce ----------------------------
 
 
-@pytest.mark.parametrize('devices', [1, 2, 8])
-@pytest.mark.parametrize('block_size', [1, 4, 256])
+@pytest.mark.parametrize('devices, block_size', [(1, 1), (2, 256), (8, 4)])
 def test_float32_is_allreduce(devices, block_size):
   grads = worker_grads()
   got = testing.Run(qar('float32', block_size), params(), workers=W, devices=devices)
@@ -58,6 +57,18 @@ def test_float32_is_allreduce(devices, block_size):
       got.updates[k], np.broadcast_to(grads[k].mean(0), grads[k].shape), rtol=1e-6, atol=1e-6
     )
   assert got.history == [[1, 1]]
+
+
+@pytest.mark.parametrize('devices', [1, 8])
+def test_float32_allgather_is_allreduce(devices):
+  grads = worker_grads()
+  got = testing.Run(qar('float32', 4, collective='allgather'), params(), workers=W, devices=devices)
+  got(grads)
+  for k in SHAPES:
+    np.testing.assert_allclose(
+      got.updates[k], np.broadcast_to(grads[k].mean(0), grads[k].shape), rtol=1e-6, atol=1e-6
+    )
+  assert got.history == [[1]]
 
 
 # --- hand-computed cases: 2 workers, blocks of 4, 8 elements (one block per chunk) ----------
@@ -99,6 +110,23 @@ def test_two_workers_by_hand(format, g, out, devices):
   for w in range(2):
     np.testing.assert_array_equal(np.asarray(run.updates[w]), out, err_msg=f'worker {w}')
   assert run.history == [[1, 1]]
+
+
+# 'allgather': the mean of the workers' first roundings, not rounded again
+INT8_ONCE = np.array([63.5, 1.25, 0.75, -31.75, 127, 0, 2, 0], np.float32)
+FP8_ONCE = np.array([448, 8, 10.5, (-0.3125 + 2**-9) / 2, -448, 48, 1.5, 0], np.float32)
+
+
+@pytest.mark.parametrize(
+  'format, g, out', [('int8', INT8_G, INT8_ONCE), ('fp8', FP8_G, FP8_ONCE)], ids=['int8', 'fp8']
+)
+def test_two_workers_by_hand_with_one_rounding(format, g, out):
+  tx = qar(format, 4, workers=2, collective='allgather')
+  run = testing.Run(tx, jnp.zeros(8), workers=2, devices=2)
+  run(jnp.asarray(g))
+  for w in range(2):
+    np.testing.assert_array_equal(np.asarray(run.updates[w]), out, err_msg=f'worker {w}')
+  assert run.history == [[1]]
 
 
 def test_scales_and_rounding_by_hand():
@@ -185,6 +213,18 @@ def wire_bytes(format, B, n=D, workers=W):
 
 
 @pytest.mark.parametrize('format', ['int8', 'fp8', 'float32'])
+def test_allgather_bytes_are_the_hlo_operand(format):
+  # 42 elements, blocks of 4: 11 blocks, not padded to the workers
+  b, scale = {'int8': (1, 4), 'fp8': (1, 4), 'float32': (4, 0)}[format]
+  run = testing.Run(qar(format, 4, collective='allgather'), params(), workers=W, devices=8)
+  (ag,) = comm.find_transfers(run.state)
+  assert (ag.kind, ag.nbytes) == ('all-gather', 11 * (4 * b + scale))
+  found = comm.hlo.collectives(run.hlo(worker_grads()))
+  assert {c.kind for c in found} == {'all-gather'}
+  assert sum(c.nbytes for c in found) == ag.nbytes
+
+
+@pytest.mark.parametrize('format', ['int8', 'fp8', 'float32'])
 def test_bytes_are_the_hlo_operands(format):
   # 42 elements, blocks of 4: 11 blocks, 2 a chunk on 8 workers; int8 rows of 4 + 4 bytes
   assert wire_bytes('int8', 4) == (8 * 2 * 8, 2 * 8)
@@ -231,16 +271,16 @@ def grads_at(t):
 def test_diloco_with_a_float32_averager_is_diloco():
   plain = testing.Run(diloco(None), params(), workers=W, devices=2)
   averaged = testing.Run(diloco(qar('float32', 8)), params(), workers=W, devices=2)
-  got, want = averaged.steps(6, grads_at), plain.steps(6, grads_at)
+  got, want = averaged.steps(4, grads_at), plain.steps(4, grads_at)
   for k in SHAPES:
     np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-6, err_msg=k)
-  assert averaged.history == [[0, 0], [1, 1]] * 3  # it communicates on the outer steps only
+  assert averaged.history == [[0, 0], [1, 1]] * 2  # it communicates on the outer steps only
 
 
 def test_diloco_with_an_int8_averager_is_close_to_diloco():
   plain = testing.Run(diloco(None), params(), workers=W)
   averaged = testing.Run(diloco(qar('int8', 8)), params(), workers=W)
-  got, want = averaged.steps(6, grads_at), plain.steps(6, grads_at)
+  got, want = averaged.steps(4, grads_at), plain.steps(4, grads_at)
   for k in SHAPES:
     err = np.abs(np.asarray(got[k]) - np.asarray(want[k])).max()
     assert 0 < err <= 0.01 * np.abs(np.asarray(want[k])).max(), k
@@ -254,6 +294,7 @@ def test_diloco_with_an_int8_averager_is_close_to_diloco():
   [
     (dict(format='int4'), r"format must be one of \('int8', 'fp8', 'float32'\), got 'int4'"),
     (dict(block_size=0), 'block_size must be an int >= 1, got 0'),
+    (dict(collective='ring'), r"collective must be one of \('alltoall', 'allgather'\), got 'ring'"),
     (dict(block_size=2.5), 'block_size must be an int >= 1, got 2.5'),
     (dict(num_workers=0), 'num_workers must be an int >= 1, got 0'),
   ],
