@@ -91,8 +91,8 @@ def sync() -> ml_collections.ConfigDict:
   s.hitopk_allreduce = dict(error_feedback=True, seed=0)
   s.powersgd = dict(rank=2, start_step=0, error_feedback=True, min_size=0, warm_start=True, seed=0)
   # Block-scaled quantised all-reduce (torchft fp8 / ZeRO++ qgZ): int8 | fp8 | float32 (none),
-  # one float32 scale per block_size elements; also an `averager` (with this section).
-  s.quantized_allreduce = dict(format='int8', block_size=256)
+  # a float32 scale per block_size elements; alltoall (2 roundings) | allgather (1, N/2 x bytes).
+  s.quantized_allreduce = dict(format='int8', block_size=256, collective='alltoall')
   s.bucketed_allreduce = dict(buckets=65536, averager='')  # buckets: bytes per bucket
   s.stale_sync = dict(max_delay=2, delays='uniform', read_my_writes=False, p=0.5, seed=0)
   s.ssp = dict(staleness=2, seed=0)
