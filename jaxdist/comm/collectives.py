@@ -198,6 +198,56 @@ def all_gather(tree: Any, axis_name: AxisName, *, subgroup: bool = False) -> tup
   return jax.tree.map(gather, tree), transfer(ALL_GATHER, tree_nbytes(tree))
 
 
+def all_to_all(tree: Any, axis_name: AxisName, *, subgroup: bool = False) -> tuple[Any, Transfer]:
+  """Sends row j of every leaf to worker j: worker i gets every worker's row i.
+
+  Every leaf of `tree` has a leading axis of size N (the workers on
+  `axis_name`); the result has the same shapes, its row m being worker m's
+  row i on worker i (rows in `axis_index` order). The transpose of the
+  [worker, row] grid: the exchange of a reduce-scatter, without the sum.
+
+  Over a tuple of axes the exchange is composed one axis at a time,
+  innermost first (jax's `all_to_all` takes one axis; on a mesh × vmap
+  layout only the device axis leaves the device), which is the same
+  permutation of the rows. The payload is each worker's operand either way:
+  the whole `tree` (a worker keeps 1/N of it and sends (N−1)/N, which is
+  what `jaxdist.netmodel` charges an all-to-all).
+
+  Args:
+    tree: a pytree of arrays whose leading axes are all N.
+    axis_name: the worker axis, or a tuple such as `jd.runtime.AXES`.
+    subgroup: an exchange over one level of a hierarchy, which may name the
+      device axis without the simulated one (see `_names`).
+
+  Returns:
+    (the exchanged tree, `Transfer(all-to-all, payload = tree's bytes)`).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxdist import comm
+    >>> f = lambda x: comm.all_to_all(x, 'w')[0]
+    >>> jax.vmap(f, axis_name='w')(jnp.array([[0, 1], [10, 11]]))  # worker i, row j
+    Array([[ 0, 10],
+           [ 1, 11]], dtype=int32)
+  """
+  names = _names(axis_name, subgroup)
+  sizes = [lax.axis_size(n) for n in names]
+  n = math.prod(sizes)
+
+  def exchange(x):
+    if jnp.ndim(x) < 1 or x.shape[0] != n:
+      raise ValueError(
+        f'all_to_all needs leaves with a leading axis of the {n} workers on {axis_name!r}, '
+        f'got shape {jnp.shape(x)}'
+      )
+    grid = x.reshape((*sizes, *x.shape[1:]))
+    for axis in reversed(range(len(names))):
+      grid = lax.all_to_all(grid, names[axis], split_axis=axis, concat_axis=axis, tiled=True)
+    return grid.reshape(x.shape)
+
+  return jax.tree.map(exchange, tree), transfer(ALL_TO_ALL, tree_nbytes(tree))
+
+
 def _vmap_axes(names: tuple[str, ...]) -> tuple[str, ...]:
   """The names among `names` that are vmap axes (not axes of the enclosing mesh)."""
   mesh_axes = set(jax.sharding.get_abstract_mesh().axis_names)

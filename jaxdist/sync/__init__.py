@@ -2,7 +2,8 @@
 
 One module per method: `allreduce`, `compressed` (`compressed_allreduce`; DGC's
 `local_clip` is in `clip`), `powersgd`, `bucketing` (`bucketed_allreduce`),
-`local_sgd`, `diloco`, `selsync`, `sma`, `gossip`, `stale` (`stale_sync`, `ssp`, `async_sgd`),
+`quantized` (`quantized_allreduce`, block-scaled int8 / fp8), `local_sgd`,
+`diloco`, `selsync`, `sma`, `gossip`, `stale` (`stale_sync`, `ssp`, `async_sgd`),
 `delay_tolerant` (`od_sgd`, `ssd_sgd`, `cd_sgd`), `pipeline` (gradient delay
 and its compensations) and `tick_tock`. Wrappers that keep workers in step:
 `finite` (`skip_nonfinite`) and `accumulate` (gradient accumulation). Bucket planning lives in
@@ -32,6 +33,7 @@ from jaxdist.sync.pipeline import (
   stage_delays,
 )
 from jaxdist.sync.powersgd import PowerSGDState, powersgd
+from jaxdist.sync.quantized import QuantizedState, quantized_allreduce
 from jaxdist.sync.selsync import SelSyncState, gradient_norm, selsync
 from jaxdist.sync.sma import SMAState, sma
 from jaxdist.sync.stale import StaleState, async_sgd, ssp, stale_sync
@@ -51,6 +53,7 @@ __all__ = [
   'LocalSGDState',
   'PowerSGDState',
   'PredictionState',
+  'QuantizedState',
   'SMAState',
   'SelSyncState',
   'SkipNonfiniteState',
@@ -77,6 +80,7 @@ __all__ = [
   'mixing_matrix',
   'od_sgd',
   'powersgd',
+  'quantized_allreduce',
   'selsync',
   'skip_nonfinite',
   'sma',

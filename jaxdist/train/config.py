@@ -12,7 +12,8 @@ sections. Three kinds of value stand for objects the trainer builds:
   is a dict like `config.optimizer` (name, learning_rate, momentum, ...);
 - `averager` names the transform that averages a worker's change since the
   last sync: '' (average the models themselves), 'allreduce',
-  'compressed_allreduce' (with `config.compress`) or 'powersgd';
+  'compressed_allreduce' (with `config.compress`), 'quantized_allreduce'
+  (with `config.sync.quantized_allreduce`) or 'powersgd';
 - `bucketed_allreduce.buckets` is a bucket size in bytes (DDP-style fixed
   buckets in backward order).
 
@@ -58,13 +59,9 @@ def optimizer(name: str = 'sgd', learning_rate: float = 0.1, **kw: Any) -> dict[
   )
 
 
-def sync() -> ml_collections.ConfigDict:
-  """`config.sync`: the method, and one section of factory arguments per method."""
-  s = ml_collections.ConfigDict()
-  s.method = 'allreduce'  # a row of jaxdist.train.methods: the jaxdist.sync factory of that name
-  # Gradient averaging (the local optimizer follows).
-  s.allreduce = {}
-  s.compressed_allreduce = dict(  # the compressor: config.compress
+def _compressed_allreduce() -> dict[str, Any]:
+  """`config.sync.compressed_allreduce` (a function of its own: `sync` stays short)."""
+  return dict(
     collective='allgather',  # allgather | allreduce (AR-Top-k, summed payloads) | auto
     error_feedback=True,
     fused=True,  # compress the whole model as one vector
@@ -79,11 +76,23 @@ def sync() -> ml_collections.ConfigDict:
     algorithm='ring',
     seed=0,
   )
+
+
+def sync() -> ml_collections.ConfigDict:
+  """`config.sync`: the method, and one section of factory arguments per method."""
+  s = ml_collections.ConfigDict()
+  s.method = 'allreduce'  # a row of jaxdist.train.methods: the jaxdist.sync factory of that name
+  # Gradient averaging (the local optimizer follows).
+  s.allreduce = {}
+  s.compressed_allreduce = _compressed_allreduce()  # the compressor: config.compress
   # Hierarchical Top-k (HiTopKComm) with the sparsifier of config.compress: the devices are
   # the nodes and a device's simulated workers its local workers (workers=16, devices=2:
   # 2 nodes x 8); the ledger prices its intra-node collectives on config.network.intra.
   s.hitopk_allreduce = dict(error_feedback=True, seed=0)
   s.powersgd = dict(rank=2, start_step=0, error_feedback=True, min_size=0, warm_start=True, seed=0)
+  # Block-scaled quantised all-reduce (torchft fp8 / ZeRO++ qgZ): int8 | fp8 | float32 (none),
+  # a float32 scale per block_size elements; alltoall (2 roundings) | allgather (1, N/2 x bytes).
+  s.quantized_allreduce = dict(format='int8', block_size=256, collective='alltoall')
   s.bucketed_allreduce = dict(buckets=65536, averager='')  # buckets: bytes per bucket
   s.stale_sync = dict(max_delay=2, delays='uniform', read_my_writes=False, p=0.5, seed=0)
   s.ssp = dict(staleness=2, seed=0)

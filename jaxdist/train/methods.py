@@ -166,6 +166,10 @@ METHODS: Mapping[str, Method] = {
     sync.powersgd, 'before', one_model=True, mean_only=True, device='model', model=REPLICATED,
     states={sync.PowerSGDState: {**_COUNTED, 'residual': MEAN, 'qs': REPLICATED, 'wire': RESET}},
   ),
+  'quantized_allreduce': Method(
+    sync.quantized_allreduce, 'before', supplies=('axis_name', 'num_workers'), one_model=True,
+    model=REPLICATED, states={sync.QuantizedState: {'wire': RESET}},
+  ),
   'bucketed_allreduce': Method(
     sync.bucketed_allreduce, 'before', convert={'buckets': bucket_plan}, one_model=True,
     mean_only=True, model=REPLICATED,

@@ -110,3 +110,58 @@ def test_hlo_parser_reads_operands_past_the_fifth():
   (found,) = comm.hlo.collectives(text)
   assert found.dtypes == ('f32',) * 7
   assert found.nbytes == 4 * (1 + 2 + 3 + 4 + 5 + 6 + 7)
+
+
+# --- all_to_all ------------------------------------------------------------------------------
+
+
+def exchange_on(devices, tree, axis_name=runtime.AXES, subgroup=False):
+  """comm.all_to_all of every worker's `tree` ([8, 8, ...] per leaf): (out, Transfer, HLO)."""
+  workers = runtime.layout(8, devices=devices)
+  records = []
+
+  def per_worker(t):
+    out, sent = comm.all_to_all(t, axis_name, subgroup=subgroup)
+    records.append(sent)
+    return out
+
+  step = jax.jit(workers.map(per_worker, in_axes=(0,)))
+  args = jax.device_put(tree, workers.sharding)
+  return step(args), records[0], step.lower(args).compile().as_text()
+
+
+@pytest.mark.parametrize('devices', [8, 1, 2, 4])
+def test_all_to_all_transposes_the_worker_by_row_grid(devices):
+  # worker i's row j is 100·i + j (and a second leaf of another dtype and shape)
+  x = np.add.outer(100 * np.arange(8), np.arange(8)).astype(np.float32)
+  tree = {'x': x, 'q': np.arange(8 * 8 * 2, dtype=np.int8).reshape(8, 8, 2)}
+  out, sent, _ = exchange_on(devices, tree)
+  # worker i's row m is worker m's row i: 100·m + i
+  np.testing.assert_array_equal(out['x'], x.T)
+  np.testing.assert_array_equal(out['q'], np.swapaxes(tree['q'], 0, 1))
+  assert (sent.kind, sent.nbytes) == ('all-to-all', 8 * 4 + 8 * 2)
+
+
+@pytest.mark.parametrize('devices', [8, 2])
+def test_all_to_all_payload_is_the_hlo_operand(devices):
+  tree = np.zeros((8, 8, 3), np.float32)
+  _, sent, text = exchange_on(devices, tree)
+  found = comm.hlo.collectives(text)
+  assert {c.kind for c in found} == {'all-to-all'}
+  # only the device axis leaves a device: its operand carries the device's 8 / devices workers
+  assert sum(c.nbytes for c in found) == (8 // devices) * sent.nbytes == (8 // devices) * 96
+
+
+def test_all_to_all_over_one_level_of_a_hierarchy():
+  # 2 devices x 4 simulated: worker (d, s) exchanges with (d', s) only, rows indexed by d'
+  x = np.add.outer(100 * np.arange(8), np.arange(2)).astype(np.float32)  # [8 workers, 2 rows]
+  out, sent, _ = exchange_on(2, x, axis_name=runtime.DATA, subgroup=True)
+  # worker 4·d + s gets, as row e, worker (e, s)'s row d: 100·(4·e + s) + d
+  want = [[100 * (4 * e + s) + d for e in range(2)] for d in range(2) for s in range(4)]
+  np.testing.assert_array_equal(out, want)
+  assert sent.nbytes == 8
+
+
+def test_all_to_all_needs_a_row_per_worker():
+  with pytest.raises(ValueError, match=r'leading axis of the 8 workers .* got shape \(4, 3\)'):
+    exchange_on(1, np.zeros((8, 4, 3), np.float32))

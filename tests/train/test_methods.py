@@ -82,7 +82,8 @@ def test_an_unknown_method_is_named_with_the_choices():
 
 def test_the_per_worker_ways_follow_the_rows():
   assert factory.SHARED_MODEL == (
-    'allreduce', 'compressed_allreduce', 'hitopk_allreduce', 'powersgd', 'bucketed_allreduce'
+    'allreduce', 'compressed_allreduce', 'hitopk_allreduce', 'powersgd', 'quantized_allreduce',
+    'bucketed_allreduce',
   )  # fmt: skip
   assert factory.MEAN_ONLY == ('allreduce', 'powersgd', 'bucketed_allreduce')
   assert factory.DEVICE_MODEL == ('allreduce', 'powersgd')

@@ -60,10 +60,11 @@ def build_compressor(cfg: ml_collections.ConfigDict) -> compress.Compressor:
   return call(compress.REGISTRY[cfg.name], f'compress.{cfg.name}', cfg[cfg.name])
 
 
-def _averager(name: str, config, axis_name, where: str):
+def _averager(name: str, config, workers: runtime.Workers, where: str):
   """The averaging transform an `averager` key names ('' = average the models)."""
   if not name:
     return None
+  axis_name = workers.axis_name
   if name == 'allreduce':
     return sync.allreduce(axis_name=axis_name)
   if name == 'compressed_allreduce':
@@ -78,9 +79,18 @@ def _averager(name: str, config, axis_name, where: str):
     )
   if name == 'powersgd':
     return call(sync.powersgd, 'sync.powersgd', config.sync.powersgd, axis_name=axis_name)
+  if name == 'quantized_allreduce':
+    section = config.sync.quantized_allreduce
+    return call(
+      sync.quantized_allreduce,
+      'sync.quantized_allreduce',
+      section,
+      axis_name=axis_name,
+      num_workers=workers.count,
+    )
   raise ValueError(
-    f"config.{where}.averager must be '', 'allreduce', 'compressed_allreduce' or 'powersgd', "
-    f'got {name!r}'
+    f"config.{where}.averager must be '', 'allreduce', 'compressed_allreduce', "
+    f"'quantized_allreduce' or 'powersgd', got {name!r}"
   )
 
 
@@ -139,7 +149,7 @@ def sync_transform(
   for key in [k for k in section if k.endswith('optimizer')]:
     section[key] = build_optimizer(section[key], config.steps, f'{where}.{key}')[0]
   if 'averager' in section:
-    section['averager'] = _averager(section['averager'], config, workers.axis_name, where)
+    section['averager'] = _averager(section['averager'], config, workers, where)
   for key, convert in row.convert.items():
     section[key] = convert(section[key], where)
   supplied: dict[str, Any] = {}
