@@ -29,6 +29,7 @@ from jaxdist import comm, probes
 from jaxdist.models.masked import masked_mean
 from jaxdist.runtime import DATA, SIM, Workers
 from jaxdist.train import ways, xla_cpu
+from jaxdist.train.task import Loss, classes, correct, cross_entropy, per_example
 
 
 class TrainState(NamedTuple):
@@ -54,20 +55,6 @@ def _split_variables(variables: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
   return variables.pop('params'), variables
 
 
-Loss = Callable[[jax.Array, jax.Array], jax.Array]
-
-
-def cross_entropy(logits_Bx_xC: jax.Array, labels_Bx_: jax.Array) -> jax.Array:
-  """Softmax cross-entropy of each example on integer labels: the steps' default `loss`.
-
-  A label per example ([B], classification) or per position ([B, T], a
-  language model's next tokens): an example's loss is the mean over its
-  positions.
-  """
-  losses = optax.softmax_cross_entropy_with_integer_labels(logits_Bx_xC, labels_Bx_)
-  return losses if losses.ndim == 1 else jnp.mean(losses.reshape(losses.shape[0], -1), axis=1)
-
-
 @functools.cache
 def _has_train(cls: type) -> bool:
   return 'train' in inspect.signature(cls.__call__).parameters
@@ -87,22 +74,6 @@ def _apply(model: nn.Module, variables, x, train: bool, mutable=False):
   return model.apply(variables, x, mutable=mutable, **kwargs)
 
 
-def _per_example(loss: Loss, outputs, y) -> jax.Array:
-  """`loss(outputs, y)`, checked to hold one value per example (shape [B])."""
-  losses_B = loss(outputs, y)
-  if jnp.shape(losses_B) != (y.shape[0],):
-    raise ValueError(
-      f'loss must return one value per example, shape ({y.shape[0]},), got shape '
-      f'{jnp.shape(losses_B)}: return the per-example losses, not their mean'
-    )
-  return losses_B
-
-
-def _classes(outputs, y) -> bool:
-  """Whether `y` holds integer class labels of `outputs` (so accuracy means something)."""
-  return jnp.issubdtype(y.dtype, jnp.integer) and y.shape == outputs.shape[:-1]
-
-
 def loss_fn(
   model: nn.Module, params, model_state, x, y, train: bool, count=None, loss: Loss = cross_entropy
 ):
@@ -115,7 +86,7 @@ def loss_fn(
     outputs, new_state = _apply(model, variables, x, True, mutable=list(model_state))
   else:
     outputs, new_state = _apply(model, variables, x, train), model_state
-  losses_B = _per_example(loss, outputs, y)
+  losses_B = per_example(loss, outputs, y)
   mean = jnp.mean(losses_B) if count is None else masked_mean(losses_B, count)
   return mean, (outputs, new_state)
 
@@ -195,14 +166,8 @@ def _metrics(loss: jax.Array, accuracy: jax.Array | None) -> dict[str, jax.Array
   return {'loss': loss} if accuracy is None else {'loss': loss, 'accuracy': accuracy}
 
 
-def correct(outputs, y) -> jax.Array:
-  """Each example's fraction of positions whose argmax is its label ([B]; 0 or 1 for one label)."""
-  hits = (jnp.argmax(outputs, -1) == y).astype(jnp.float32)
-  return hits if hits.ndim == 1 else jnp.mean(hits.reshape(hits.shape[0], -1), axis=1)
-
-
 def _accuracy(logits, y, *count):
-  if not _classes(logits, y):
+  if not classes(logits, y):
     return None
   hits = correct(logits, y)
   return masked_mean(hits, *count) if count else jnp.mean(hits)
@@ -488,8 +453,8 @@ def make_eval_step(
     mean = lambda t: jax.tree.map(over_workers, t)
     variables = {'params': mean(trained_params(state)), **mean(state.model_state)}
     outputs = _apply(model, variables, x, False)
-    sums = {'loss': jnp.sum(_per_example(loss, outputs, y) * mask), 'count': jnp.sum(mask)}
-    if _classes(outputs, y):
+    sums = {'loss': jnp.sum(per_example(loss, outputs, y) * mask), 'count': jnp.sum(mask)}
+    if classes(outputs, y):
       sums['correct'] = jnp.sum(correct(outputs, y) * mask)
     return sums
 
