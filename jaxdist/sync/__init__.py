@@ -3,11 +3,11 @@
 One module per method: `allreduce`, `compressed` (`compressed_allreduce`; DGC's
 `local_clip` is in `clip`), `powersgd`, `bucketing` (`bucketed_allreduce`), `local_sgd`,
 `diloco`, `streaming_diloco` (and its `fragment_labels`), `selsync`, `sma`, `gossip`,
-`stale` (`stale_sync`, `ssp`, `async_sgd`), (`od_sgd`, `ssd_sgd`, `cd_sgd`), `pipeline`
-(gradient delay and its compensations) and `tick_tock`. Wrappers that keep workers in
-step: `finite` (`skip_nonfinite`) and `accumulate` (gradient accumulation). Bucket
-planning lives in `jaxdist.netmodel`. `apply_updates` applies a chain's updates and gives
-the workers that synchronised their model exactly.
+`stale` (`stale_sync`, `ssp`, `async_sgd`), `delay_tolerant` (`od_sgd`, `ssd_sgd`,
+`cd_sgd`), `pipeline` (gradient delay and its compensations) and `tick_tock`. Wrappers
+that keep workers in step: `finite` (`skip_nonfinite`) and `accumulate` (gradient
+accumulation). Bucket planning lives in `jaxdist.netmodel`. `apply_updates` applies a
+chain's updates and gives the workers that synchronised their model exactly.
 """
 
 from jaxdist.probes import apply_updates
