@@ -43,9 +43,10 @@ class StreamingDiLoCoState(NamedTuple):
     averager: the averager's state, one per fragment (() without one). Per-worker.
     wire: one dense all-reduce per fragment, of its bytes (() with an
       averager); marked `overlap` when delay >= 1. Per-worker.
-    pending: the averaged pseudo-gradient in flight (the fragment being
-      synchronised; zeros elsewhere), with delay >= 2 (() otherwise: it is
-      taken in the step that sends it). Replicated.
+    pending: the averaged pseudo-gradient in flight, held from the step that
+      sends it to the step that applies it (the fragment's leaves; the others
+      are what the last fragment left or zeros), with delay >= 1 (() with
+      delay 0: applied in the step that sends it). Replicated.
     just_synced: per leaf, whether the last update gave that leaf the anchor
       (its fragment's outer step, with alpha = 0). Replicated.
   """
@@ -87,17 +88,17 @@ def streaming_diloco(
     w_{n,p} ← a_p + α·(w_{n,p} − a_p)  (w_{n,p}: the local value now, after step t)
 
   with a the anchor (outer parameters), w_n worker n's parameters and α =
-  `alpha` the weight kept on the local value (torchft's `lerp`). With τ = 0
-  the pseudo-gradient is taken after step t's inner step (DiLoCo). With
-  τ ≥ 1 it is taken from the parameters step t − τ + 1 starts from (the
-  local model after step t − τ, as in the paper), in a `lax.switch` whose
-  operands are only the step's inputs (the parameters, the anchor), not its
-  gradients: its collective does not wait for the step's compute, and with
-  τ ≥ 2 its result goes only into the state (`pending`), taken τ − 1 steps
-  later. The transfers are then marked `overlap` for the network model
-  (charged only where they outlast a step's compute: conservative for τ ≥ 2,
-  which has τ steps to hide them). The inner optimizer (before this transform
-  in the chain) keeps its state. Put it last in the chain.
+  `alpha` the weight kept on the local value (torchft's `lerp`). The
+  pseudo-gradient is taken after the inner step of step t − τ, and averaged
+  there (one collective of the fragment's bytes, in a `lax.switch` over the
+  fragments, so a step sends only the fragment due); with τ = 0 the average
+  is applied at once (DiLoCo), with τ ≥ 1 it waits in the state (`pending`)
+  and is applied τ steps later: the collective's result feeds only the
+  state that step returns, never its update, so the exchange may run behind
+  the next τ steps' compute. Its transfers are then marked `overlap` for the
+  network model, which charges what outlasts one step's compute (for τ ≥ 2,
+  which has τ steps to hide it, an upper bound). The inner optimizer (before
+  this transform in the chain) keeps its state. Put it last in the chain.
 
   One fragment, τ = 0 and α = 0 is `diloco`. With α = 0 every worker holds
   the fragment's anchor after its outer step, bitwise with
@@ -178,7 +179,7 @@ def streaming_diloco(
       outer_state=tuple(outer.init(x) for x in parts),
       averager=mark(tuple(averager.init(x) for x in parts)) if with_averager else (),
       wire=() if with_averager else mark(tuple(_averaging.dense_wire(x, None) for x in parts)),
-      pending=jax.tree.map(jnp.zeros_like, params) if delay >= 2 else (),
+      pending=jax.tree.map(jnp.zeros_like, params) if delay else (),
       just_synced=cut.flags(jnp.zeros([], jnp.bool_), -1),
     )
 
@@ -193,10 +194,10 @@ def streaming_diloco(
       frag = ((count + offset) // every - 1) % fragments
       return comm.agree(jnp.where(due, frag + 1, 0), axis_name), frag, due
 
-    # start: average the pseudo-gradient of the fragment due
-    start, _, _ = which(max(delay, 1))
-    base = optax.apply_updates(params, updates) if delay == 0 else params
-    pending = state.pending if delay >= 2 else jax.tree.map(jnp.zeros_like, params)
+    # send: average the pseudo-gradient of the fragment due `delay` steps from now
+    start, _, _ = which(1 + delay)
+    base = optax.apply_updates(params, updates)  # the local model after this step
+    pending = state.pending if delay else jax.tree.map(jnp.zeros_like, params)
 
     def send(p):
       def branch(base, anchor, pending, avg_states, wires):
@@ -245,6 +246,9 @@ def streaming_diloco(
       del params, pending
       return updates, anchor, outer_states
 
+    # with delay >= 1 no step both sends and applies (delay < period/fragments): the average
+    # applied is the one in the state, and this step's collective feeds only the state returned
+    arrived = state.pending if delay else pending
     updates, anchor, outer_states = lax.switch(
       apply,
       [keep, *map(take, range(fragments))],
@@ -252,7 +256,7 @@ def streaming_diloco(
       updates,
       state.anchor,
       state.outer_state,
-      pending,
+      arrived,
     )
     count, synced = _averaging.counted(state, due)
     just = cut.flags(due & (alpha == 0), frag)
@@ -263,7 +267,7 @@ def streaming_diloco(
       outer_state=outer_states,
       averager=avg_states,
       wire=wires,
-      pending=pending if delay >= 2 else (),
+      pending=pending if delay else (),
       just_synced=just,
     )
     return updates, new_state

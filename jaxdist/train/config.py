@@ -102,6 +102,19 @@ def sync() -> ml_collections.ConfigDict:
     outer_optimizer=optimizer('sgd', 0.7, momentum=0.9, nesterov=True),
     averager='',
   )
+  # Streaming DiLoCo: `fragments` fragments, each synchronised every `period` steps, staggered
+  # by period/fragments; the average arrives `delay` steps later (< period/fragments) and is
+  # blended with the local fragment by `alpha` (weight on the local value); layout:
+  # sequential | strided (jd.sync.fragment_labels)
+  s.streaming_diloco = dict(
+    period=4,
+    fragments=2,
+    delay=1,
+    alpha=0.5,
+    layout='sequential',
+    outer_optimizer=optimizer('sgd', 0.7, momentum=0.9, nesterov=True),
+    averager='',
+  )
   # ring | torus | exponential | one_peer_exponential (SGP's time-varying graph) | complete
   s.gossip = dict(topology='ring', rows=_int())
   s.sma = dict(alpha=0.125, momentum=0.9)
