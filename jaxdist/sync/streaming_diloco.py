@@ -156,10 +156,12 @@ def streaming_diloco(
   """
   _averaging.check_period(period)
   _averaging.check_averager(averager)
-  _checks.check('fragments', fragments, lambda p: 1 <= p <= period, f'in [1, period={period}]')
-  _checks.check('period', period, lambda h: h % fragments == 0, f'a multiple of {fragments=}')
+  _checks.check('fragments', fragments, lambda p: p >= 1, '>= 1')
   every = period // fragments  # H/P: steps between two outer steps (of any fragment)
-  _checks.check('delay', delay, lambda d: 0 <= d < every, f'in [0, period/fragments={every})')
+  if _checks.concrete(period):  # (optax.inject_hyperparams passes it traced to update)
+    _checks.check('fragments', fragments, lambda p: p <= period, f'in [1, period={period}]')
+    _checks.check('period', period, lambda h: h % fragments == 0, f'a multiple of {fragments=}')
+    _checks.check('delay', delay, lambda d: 0 <= d < every, f'in [0, period/fragments={every})')
   _checks.check(
     'alpha', alpha, lambda a: 0 <= a < 1, 'in [0, 1) (alpha = 1 keeps the local model forever)'
   )

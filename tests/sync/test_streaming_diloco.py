@@ -263,7 +263,8 @@ def test_with_a_delay_the_collective_feeds_only_the_state_not_the_update(delay):
 def test_misuse_is_refused_with_the_allowed_range():
   cases = [
     (dict(fragments=3), 'period must be a multiple of fragments=3, got 8'),
-    (dict(fragments=0), r'fragments must be in \[1, period=8\], got 0'),
+    (dict(fragments=0), r'fragments must be >= 1, got 0'),
+    (dict(fragments=16), r'fragments must be in \[1, period=8\], got 16'),
     (dict(fragments=2, delay=4), r'delay must be in \[0, period/fragments=4\), got 4'),
     (dict(delay=-1), r'delay must be in \[0, period/fragments=8\), got -1'),
     (dict(alpha=1.0), r'alpha must be in \[0, 1\)'),
