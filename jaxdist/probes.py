@@ -10,7 +10,8 @@ holds for others by class attributes (plain assignments, not fields):
   `jd.sync.linear_weight_prediction`).
 - `SYNCED_MODEL = ('anchor', 'just_synced')`: the fields holding the
   synchronised model and whether the last update synchronised
-  (`apply_updates`; `local_sgd`, `diloco`, `selsync`).
+  (`apply_updates`; `local_sgd`, `diloco`, `selsync`; `streaming_diloco`'s
+  flag is a tree, one per leaf).
 
 Applying updates so that the workers that synchronised hold one model,
 bitwise: a model-synchronising transform moves worker n from its model w_n
@@ -103,8 +104,17 @@ def apply_updates(params: optax.Params, updates: optax.Updates, opt_state: Any) 
 
 
 def _put_in(new: optax.Params, state: Any) -> optax.Params:
-  """`new`, with `state`'s synchronised model in the leaves it holds if its last update synced."""
+  """`new`, with `state`'s synchronised model in the leaves it holds if its last update synced.
+
+  The flag is one boolean for the whole model, or a tree of booleans with the
+  model's structure, one per leaf, where a step synchronises only some leaves
+  (`streaming_diloco`'s fragments).
+  """
   model, flag = (getattr(state, name) for name in state.SYNCED_MODEL)
   held = lambda a: not isinstance(a, optax.MaskedNode)
   synced = jax.tree.map(lambda n, a: jnp.asarray(a).astype(n.dtype) if held(a) else n, new, model)
-  return lax.cond(flag, lambda: synced, lambda: new)
+  if jax.tree_util.treedef_is_leaf(jax.tree.structure(flag)):
+    return lax.cond(flag, lambda: synced, lambda: new)
+  masked = lambda x: isinstance(x, optax.MaskedNode)
+  pick = lambda f, s, n: n if masked(f) else jnp.where(f, s, n)
+  return jax.tree.map(pick, flag, synced, new, is_leaf=masked)

@@ -2,13 +2,13 @@
 
 One module per method: `allreduce`, `compressed` (`compressed_allreduce`; DGC's
 `local_clip` is in `clip`), `powersgd`, `bucketing` (`bucketed_allreduce`),
-`quantized` (`quantized_allreduce`, block-scaled int8 / fp8), `local_sgd`,
-`diloco`, `selsync`, `sma`, `gossip`, `stale` (`stale_sync`, `ssp`, `async_sgd`),
-`delay_tolerant` (`od_sgd`, `ssd_sgd`, `cd_sgd`), `pipeline` (gradient delay
-and its compensations) and `tick_tock`. Wrappers that keep workers in step:
-`finite` (`skip_nonfinite`) and `accumulate` (gradient accumulation). Bucket planning lives in
-`jaxdist.netmodel`. `apply_updates` applies a chain's updates and gives the workers that
-synchronised their model exactly.
+`quantized` (`quantized_allreduce`, block-scaled int8 / fp8), `local_sgd`, `diloco`,
+`streaming_diloco` (and its `fragment_labels`), `selsync`, `sma`, `gossip`, `stale`
+(`stale_sync`, `ssp`, `async_sgd`), `delay_tolerant` (`od_sgd`, `ssd_sgd`, `cd_sgd`),
+`pipeline` (gradient delay and its compensations) and `tick_tock`. Wrappers that keep
+workers in step: `finite` (`skip_nonfinite`) and `accumulate` (gradient accumulation).
+Bucket planning lives in `jaxdist.netmodel`. `apply_updates` applies a chain's updates and
+gives the workers that synchronised their model exactly.
 """
 
 from jaxdist.probes import apply_updates
@@ -37,6 +37,11 @@ from jaxdist.sync.quantized import QuantizedState, quantized_allreduce
 from jaxdist.sync.selsync import SelSyncState, gradient_norm, selsync
 from jaxdist.sync.sma import SMAState, sma
 from jaxdist.sync.stale import StaleState, async_sgd, ssp, stale_sync
+from jaxdist.sync.streaming_diloco import (
+  StreamingDiLoCoState,
+  fragment_labels,
+  streaming_diloco,
+)
 from jaxdist.sync.tick_tock import TickTockState, tick_tock
 from jaxdist.sync.weighted import WeightedState, weighted_allreduce
 
@@ -59,6 +64,7 @@ __all__ = [
   'SkipNonfiniteState',
   'SpikeState',
   'StaleState',
+  'StreamingDiLoCoState',
   'TickTockState',
   'WeightedState',
   'accumulate',
@@ -70,6 +76,7 @@ __all__ = [
   'cd_sgd',
   'compressed_allreduce',
   'diloco',
+  'fragment_labels',
   'gossip',
   'gradient_delay',
   'gradient_norm',
@@ -89,6 +96,7 @@ __all__ = [
   'ssp',
   'stage_delays',
   'stale_sync',
+  'streaming_diloco',
   'tick_tock',
   'weighted_allreduce',
 ]

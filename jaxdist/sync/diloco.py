@@ -109,6 +109,14 @@ def diloco(
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+def outer_step(
+  outer: optax.GradientTransformation, pseudo: Any, outer_state: Any, anchor: Any
+) -> tuple[Any, Any]:
+  """(anchor, outer state) after `outer`'s step on the averaged pseudo-gradient `pseudo`."""
+  outer_updates, outer_state = outer.update(pseudo, outer_state, anchor)
+  return optax.apply_updates(anchor, outer_updates), outer_state
+
+
 def _outer_step(outer: optax.GradientTransformation, mean):
   """The `lax.cond` branches (sync, skip) of DiLoCo's outer step.
 
@@ -119,8 +127,7 @@ def _outer_step(outer: optax.GradientTransformation, mean):
   def sync(params, updates, anchor, outer_state, avg_state, wire):
     pseudo = optax.tree.sub(anchor, optax.apply_updates(params, updates))  # per worker
     pseudo, avg_state, wire = mean(pseudo, avg_state, wire)
-    outer_updates, outer_state = outer.update(pseudo, outer_state, anchor)
-    anchor = optax.apply_updates(anchor, outer_updates)
+    anchor, outer_state = outer_step(outer, pseudo, outer_state, anchor)
     return optax.tree.sub(anchor, params), anchor, outer_state, avg_state, wire
 
   def skip(params, updates, anchor, outer_state, avg_state, wire):

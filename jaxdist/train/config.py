@@ -78,6 +78,28 @@ def _compressed_allreduce() -> dict[str, Any]:
   )
 
 
+def _diloco_family(s: ml_collections.ConfigDict) -> None:
+  """The sections of DiLoCo and its descendants in `config.sync` (`sync` stays short)."""
+  s.diloco = dict(
+    period=4,
+    outer_optimizer=optimizer('sgd', 0.7, momentum=0.9, nesterov=True),
+    averager='',
+  )
+  # Streaming DiLoCo: `fragments` fragments, each synchronised every `period` steps, staggered
+  # by period/fragments; the average arrives `delay` steps later (< period/fragments) and is
+  # blended with the local fragment by `alpha` (weight on the local value); layout:
+  # sequential | strided (jd.sync.fragment_labels)
+  s.streaming_diloco = dict(
+    period=4,
+    fragments=2,
+    delay=1,
+    alpha=0.5,
+    layout='sequential',
+    outer_optimizer=optimizer('sgd', 0.7, momentum=0.9, nesterov=True),
+    averager='',
+  )
+
+
 def sync() -> ml_collections.ConfigDict:
   """`config.sync`: the method, and one section of factory arguments per method."""
   s = ml_collections.ConfigDict()
@@ -106,11 +128,7 @@ def sync() -> ml_collections.ConfigDict:
   s.linear_weight_prediction = {}
   # Model averaging (after the local optimizer).
   s.local_sgd = dict(period=4, warmup_steps=0, averager='')
-  s.diloco = dict(
-    period=4,
-    outer_optimizer=optimizer('sgd', 0.7, momentum=0.9, nesterov=True),
-    averager='',
-  )
+  _diloco_family(s)
   # ring | torus | exponential | one_peer_exponential (SGP's time-varying graph) | complete
   s.gossip = dict(topology='ring', rows=_int())
   s.sma = dict(alpha=0.125, momentum=0.9)

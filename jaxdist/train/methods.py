@@ -194,6 +194,13 @@ METHODS: Mapping[str, Method] = {
     sync.diloco, 'after', wait=periodic, model=MEAN,
     states={sync.DiLoCoState: {**_SYNCED, 'outer_state': REPLICATED}},
   ),
+  # fragments on a staggered schedule; `pending` (delay >= 2) is the averaged pseudo-gradient
+  'streaming_diloco': Method(
+    sync.streaming_diloco, 'after', wait=periodic, model=MEAN,
+    states={sync.StreamingDiLoCoState: {
+      **_SYNCED, 'outer_state': REPLICATED, 'pending': REPLICATED,
+    }},
+  ),
   'gossip': Method(
     sync.gossip, 'after', supplies=('axis_name', 'num_workers'), wait=neighbours, model=MEAN,
     states={sync.GossipState: {'count': REPLICATED, 'wire': RESET}},

@@ -217,8 +217,13 @@ def test_local_clip_max_norm_can_be_injected_and_changed():
     (sync.local_sgd, dict(period=2, warmup_steps=1, axis_name=AX), ()),
     (sync.diloco, dict(outer_optimizer=optax.sgd(0.5), period=2, axis_name=AX), ()),
     (sync.spike_compensation, dict(delay=2, momentum=0.5), ('delay',)),
+    (
+      sync.streaming_diloco,
+      dict(outer_optimizer=optax.sgd(0.5), period=2, axis_name=AX, fragments=2, delay=0),
+      ('fragments', 'delay', 'alpha'),
+    ),
   ],
-  ids=['local_sgd', 'diloco', 'spike_compensation'],
+  ids=['local_sgd', 'diloco', 'spike_compensation', 'streaming_diloco'],
 )
 def test_other_numeric_arguments_can_be_injected(factory, args, static):
   inject = optax.inject_hyperparams(factory, static_args=static)
