@@ -34,7 +34,7 @@ from jaxdist.compress.base import pack_bits, unpack_bits
 
 
 def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
-  """The (rows, columns) a leaf of `shape` is tiled as: 0-D 1x1, 1-D 1xn, else prod(leading) x last."""
+  """(rows, columns) a leaf of `shape` is tiled as: 0-D 1x1, 1-D 1xn, else prod(leading) x last."""
   if len(shape) == 0:
     return 1, 1
   if len(shape) == 1:

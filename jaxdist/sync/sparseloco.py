@@ -1,4 +1,4 @@
-"""SparseLoCo: DiLoCo whose outer step is SGD on an error-fed, Top-k-per-tile, 2-bit pseudo-gradient."""
+"""SparseLoCo: DiLoCo whose outer step is SGD on an error-fed, sparse, 2-bit pseudo-gradient."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def sparseloco(
   value_range: float = 6.0,
   average: str = 'selected',
 ) -> optax.GradientTransformation:
-  """SparseLoCo: every `period` inner steps, SGD on the mean of sparse, 2-bit, error-fed pseudo-gradients.
+  """SparseLoCo: every `period` steps, SGD on the mean of sparse, 2-bit, error-fed pseudo-gradients.
 
   `diloco` with outer SGD (no momentum) and `chunked_allgather` as its
   averager. Each worker n keeps an error accumulator e_n in place of the
