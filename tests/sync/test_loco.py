@@ -222,3 +222,17 @@ def test_demo_payload_bytes_in_the_hlo():
 def test_bad_arguments_are_refused(make, message):
   with pytest.raises(ValueError, match=message):
     make()
+
+
+@pytest.mark.parametrize('make', [
+  lambda ax: optax.chain(optax.sgd(1.0), sync.sparseloco(1, axis_name=ax, density=0.5, chunk=4)),
+  lambda ax: sync.demo(0.1, axis_name=ax, topk=2, chunk=4),
+], ids=['sparseloco', 'demo'])  # fmt: skip
+def test_init_is_silent_and_the_device_axis_alone_is_refused(make):
+  params = {'w': jnp.zeros((4, 4)), 'b': jnp.zeros(())}
+  state = jax.eval_shape(make(AX).init, params)  # no mesh, no axis: init does not communicate
+  assert comm.find_transfers(state)[0].kind == 'all-gather'
+  run = testing.Run(make(runtime.DATA), params, workers=4, devices=2)
+  grads = {'w': jnp.ones((4, 4, 4)), 'b': jnp.ones((4,))}
+  with pytest.raises(ValueError, match='reaches only the devices, not the 2 simulated workers'):
+    run(grads)
