@@ -33,6 +33,7 @@ from jaxdist.compress import chunked as ck
 from jaxdist.sync import _checks
 
 AVERAGES = ('selected', 'all')
+BITS = (1, 2, 4, 8, 32)  # bits per sent value; 32: float32, no quantiser
 
 
 class ChunkedState(NamedTuple):
@@ -165,7 +166,7 @@ def check(chunk, density, topk, bits, value_range, error_decay, average) -> None
     _checks.check('density', density, lambda d: 0 < d <= 1, 'in (0, 1]')
   if topk is not None:
     _checks.check('topk', topk, lambda k: isinstance(k, int) and k >= 1, 'an int >= 1')
-  _checks.check('bits', bits, lambda b: b is None or b in (1, 2, 4, 8), 'None, 1, 2, 4 or 8')
+  _checks.check('bits', bits, lambda b: b in BITS, f'one of {BITS} (32: float32 values)')
   _checks.check('value_range', value_range, lambda r: r > 0, '> 0')
   _checks.check('error_decay', error_decay, lambda b: 0 <= b <= 1, 'in [0, 1]')
   if average not in AVERAGES:
@@ -178,7 +179,7 @@ def chunked_allgather(
   density: float | None = None,
   topk: int | None = None,
   chunk: int = 64,
-  bits: int | None = None,
+  bits: int = 32,
   value_range: float = 6.0,
   dct: bool = False,
   error_decay: float = 1.0,
@@ -206,7 +207,8 @@ def chunked_allgather(
       (SparseLoCo: 128 of a 64x64 tile is 0.03125). Give this or `topk`.
     topk: kept entries per tile, min(topk, size) (DeMo: 32).
     chunk: the longest tile side.
-    bits: bits per sent value (2: SparseLoCo's 4 bins); None: float32 values.
+    bits: bits per sent value (2: SparseLoCo's 4 bins); 32: float32 values,
+      not quantised.
     value_range: the quantiser's range in standard deviations (6).
     dct: select in the orthonormal 2-D DCT-II of each tile (DeMo).
     error_decay: β, the error accumulator's decay (1: classical error
@@ -235,6 +237,7 @@ def chunked_allgather(
     https://arxiv.org/abs/2411.19870
   """
   check(chunk, density, topk, bits, value_range, error_decay, average)
+  bits = None if bits == 32 else bits  # None below: float32 values
 
   def init_fn(params):
     leaves = plan(params, chunk, density, topk)

@@ -15,7 +15,7 @@ def sparseloco(
   *,
   axis_name: comm.AxisName,
   density: float = 0.03125,
-  bits: int | None = 2,
+  bits: int = 2,
   chunk: int = 64,
   error_decay: float = 0.95,
   outer_learning_rate: float = 1.0,
@@ -54,7 +54,7 @@ def sparseloco(
     axis_name: the worker axis (or tuple of axes).
     density: kept fraction of each tile (0.03125 = 128 of 4,096, the paper's
       "3 %"; 0.015625 = 64, Templar's production run).
-    bits: bits per sent value (2 = 4 bins); None sends float32 values.
+    bits: bits per sent value (2 = 4 bins; 1, 4, 8); 32 sends float32 values.
     chunk: the longest tile side (64).
     error_decay: β of the error accumulator (0.95).
     outer_learning_rate: α of the outer SGD (1.0).
@@ -70,7 +70,7 @@ def sparseloco(
     >>> import jax.numpy as jnp, optax
     >>> from jaxdist import runtime, sync, testing
     >>> tx = optax.chain(optax.sgd(1.0), sync.sparseloco(1, axis_name=runtime.AXES,
-    ...                                                  density=0.5, bits=None))
+    ...                                                  density=0.5, bits=32))
     >>> run = testing.Run(tx, {'x': jnp.zeros(2)}, workers=2)
     >>> run({'x': jnp.array([[4.0, 1.0], [2.0, 3.0]])})['x']  # 4 and 3 sent; 1 and 2 kept back
     Array([[-4., -3.],
