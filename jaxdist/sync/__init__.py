@@ -3,10 +3,11 @@
 One module per method: `allreduce`, `compressed` (`compressed_allreduce`; DGC's
 `local_clip` is in `clip`), `powersgd`, `bucketing` (`bucketed_allreduce`),
 `quantized` (`quantized_allreduce`, block-scaled int8 / fp8), `local_sgd`, `diloco`,
-`streaming_diloco` (and its `fragment_labels`), `selsync`, `sma`, `gossip`, `stale`
-(`stale_sync`, `ssp`, `async_sgd`), `delay_tolerant` (`od_sgd`, `ssd_sgd`, `cd_sgd`),
-`pipeline` (gradient delay and its compensations) and `tick_tock`. Wrappers that keep
-workers in step: `finite` (`skip_nonfinite`) and `accumulate` (gradient accumulation).
+`streaming_diloco` (and its `fragment_labels`), `sparseloco` and `demo` (both on `chunked`:
+`chunked_allgather`, error-fed Top-k per tile, all-gathered), `selsync`, `sma`, `gossip`,
+`stale` (`stale_sync`, `ssp`, `async_sgd`), `delay_tolerant` (`od_sgd`, `ssd_sgd`,
+`cd_sgd`), `pipeline` (gradient delay and its compensations) and `tick_tock`. Wrappers that
+keep workers in step: `finite` (`skip_nonfinite`) and `accumulate` (gradient accumulation).
 Bucket planning lives in `jaxdist.netmodel`. `apply_updates` applies a chain's updates and
 gives the workers that synchronised their model exactly.
 """
@@ -15,9 +16,11 @@ from jaxdist.probes import apply_updates
 from jaxdist.sync.accumulate import AccumulateState, accumulate
 from jaxdist.sync.allreduce import AllReduceState, allreduce
 from jaxdist.sync.bucketing import BucketedState, bucketed_allreduce
+from jaxdist.sync.chunked import ChunkedState, chunked_allgather
 from jaxdist.sync.clip import local_clip
 from jaxdist.sync.compressed import CompressedState, compressed_allreduce
 from jaxdist.sync.delay_tolerant import DelayedState, cd_sgd, od_sgd, ssd_sgd
+from jaxdist.sync.demo import DeMoState, demo
 from jaxdist.sync.diloco import DiLoCoState, diloco
 from jaxdist.sync.finite import SkipNonfiniteState, all_finite, skip_nonfinite
 from jaxdist.sync.gossip import GossipState, gossip, mixing_matrix
@@ -36,6 +39,7 @@ from jaxdist.sync.powersgd import PowerSGDState, powersgd
 from jaxdist.sync.quantized import QuantizedState, quantized_allreduce
 from jaxdist.sync.selsync import SelSyncState, gradient_norm, selsync
 from jaxdist.sync.sma import SMAState, sma
+from jaxdist.sync.sparseloco import sparseloco
 from jaxdist.sync.stale import StaleState, async_sgd, ssp, stale_sync
 from jaxdist.sync.streaming_diloco import (
   StreamingDiLoCoState,
@@ -49,7 +53,9 @@ __all__ = [
   'AccumulateState',
   'AllReduceState',
   'BucketedState',
+  'ChunkedState',
   'CompressedState',
+  'DeMoState',
   'DelayedState',
   'DiLoCoState',
   'GossipState',
@@ -74,7 +80,9 @@ __all__ = [
   'async_sgd',
   'bucketed_allreduce',
   'cd_sgd',
+  'chunked_allgather',
   'compressed_allreduce',
+  'demo',
   'diloco',
   'fragment_labels',
   'gossip',
@@ -91,6 +99,7 @@ __all__ = [
   'selsync',
   'skip_nonfinite',
   'sma',
+  'sparseloco',
   'spike_compensation',
   'ssd_sgd',
   'ssp',

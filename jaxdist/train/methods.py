@@ -175,6 +175,11 @@ METHODS: Mapping[str, Method] = {
     mean_only=True, model=REPLICATED,
     states={sync.BucketedState: {'buckets': None, 'wire': RESET}},
   ),
+  # the whole optimizer: every worker applies the same sign step of the exchanged momentum
+  'demo': Method(
+    sync.demo, 'own', model=REPLICATED,
+    states={sync.DeMoState: {'count': REPLICATED, 'exchange': None}},  # ChunkedState: sparseloco
+  ),
   # stale and asynchronous gradients
   'stale_sync': Method(sync.stale_sync, 'before', wait=ssp('max_delay'), refused=_IN_FLIGHT),
   'ssp': Method(sync.ssp, 'before', wait=ssp('staleness'), refused=_IN_FLIGHT),
@@ -200,6 +205,11 @@ METHODS: Mapping[str, Method] = {
     states={sync.StreamingDiLoCoState: {
       **_SYNCED, 'outer_state': REPLICATED, 'pending': REPLICATED,
     }},
+  ),
+  # DiLoCo with outer SGD on an error-fed, Top-k-per-tile, 2-bit pseudo-gradient (all-gathered)
+  'sparseloco': Method(
+    sync.sparseloco, 'after', wait=periodic, model=MEAN,
+    states={sync.ChunkedState: {'error': MEAN, 'wire': RESET}},  # and DiLoCoState's (diloco)
   ),
   'gossip': Method(
     sync.gossip, 'after', supplies=('axis_name', 'num_workers'), wait=neighbours, model=MEAN,
