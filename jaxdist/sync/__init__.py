@@ -3,7 +3,8 @@
 One module per method: `allreduce`, `compressed` (`compressed_allreduce`; DGC's
 `local_clip` is in `clip`), `powersgd`, `bucketing` (`bucketed_allreduce`),
 `local_sgd`, `diloco`, `selsync`, `sma`, `gossip`, `stale` (`stale_sync`, `ssp`, `async_sgd`),
-`delay_tolerant` (`od_sgd`, `ssd_sgd`, `cd_sgd`), `pipeline` (gradient delay
+`delay_tolerant` (`od_sgd`, `ssd_sgd`, `cd_sgd`), `onebit_adam` (`onebit_adam`,
+`zero_one_adam`: whole optimizers), `pipeline` (gradient delay
 and its compensations) and `tick_tock`. Wrappers that keep workers in step:
 `finite` (`skip_nonfinite`) and `accumulate` (gradient accumulation). Bucket planning lives in
 `jaxdist.netmodel`. `apply_updates` applies a chain's updates and gives the workers that
@@ -22,6 +23,13 @@ from jaxdist.sync.finite import SkipNonfiniteState, all_finite, skip_nonfinite
 from jaxdist.sync.gossip import GossipState, gossip, mixing_matrix
 from jaxdist.sync.hitopk import HiTopKState, hitopk_allreduce
 from jaxdist.sync.local_sgd import LocalSGDState, local_sgd
+from jaxdist.sync.onebit_adam import (
+  OneBitAdamState,
+  ZeroOneAdamState,
+  onebit_adam,
+  onebit_allreduce,
+  zero_one_adam,
+)
 from jaxdist.sync.pipeline import (
   GradientDelayState,
   PredictionState,
@@ -49,6 +57,7 @@ __all__ = [
   'GradientDelayState',
   'HiTopKState',
   'LocalSGDState',
+  'OneBitAdamState',
   'PowerSGDState',
   'PredictionState',
   'SMAState',
@@ -58,6 +67,7 @@ __all__ = [
   'StaleState',
   'TickTockState',
   'WeightedState',
+  'ZeroOneAdamState',
   'accumulate',
   'all_finite',
   'allreduce',
@@ -76,6 +86,8 @@ __all__ = [
   'local_sgd',
   'mixing_matrix',
   'od_sgd',
+  'onebit_adam',
+  'onebit_allreduce',
   'powersgd',
   'selsync',
   'skip_nonfinite',
@@ -87,4 +99,5 @@ __all__ = [
   'stale_sync',
   'tick_tock',
   'weighted_allreduce',
+  'zero_one_adam',
 ]
