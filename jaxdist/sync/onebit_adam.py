@@ -311,11 +311,17 @@ def onebit_adam(
   Example:
     >>> import jax.numpy as jnp
     >>> from jaxdist import runtime, sync, testing
+    >>> import jax.numpy as jnp, numpy as np
+    >>> from jaxdist import runtime, sync, testing
     >>> tx = sync.onebit_adam(0.1, axis_name=runtime.AXES, num_workers=2, warmup_steps=1)
-    >>> run = testing.Run(tx, {'x': jnp.zeros(4)}, workers=2)
-    >>> run({'x': jnp.array([[1.0, -1, 2, 3], [3, 1, 2, -3]])})['x']  # Adam: -lr·sign(mean)
-    Array([[-0.1, -0.1, -0.1, -0.1],
-           [-0.1, -0.1, -0.1, -0.1]], dtype=float32)
+    >>> run = testing.Run(tx, {'x': jnp.zeros(3)}, workers=2)
+    >>> g = {'x': jnp.array([[1.0, -1, 2], [3, -3, -4]])}
+    >>> np.round(np.asarray(run(g)['x'][0], float), 4)  # warm-up: Adam, -lr·sign(mean)
+    array([-0.1,  0.1,  0.1])
+    >>> np.round(np.asarray(run(g)['x'][0], float), 4)  # then the momentum goes at 1 bit
+    array([-0.1796,  0.1796,  0.2593])
+    >>> run.history  # per step: dense all-reduce, then the four 1-bit collectives
+    [[1, 0, 0, 0, 0], [0, 1, 1, 1, 1]]
 
   References:
     Tang et al. 1-bit Adam: Communication Efficient Large-Scale Training with
@@ -488,10 +494,12 @@ def zero_one_adam(
     >>> import jax.numpy as jnp
     >>> from jaxdist import runtime, sync, testing
     >>> tx = sync.zero_one_adam(0.1, axis_name=runtime.AXES, num_workers=2, var_freeze_step=1)
-    >>> run = testing.Run(tx, {'x': jnp.zeros(2)}, workers=2)
-    >>> run({'x': jnp.array([[1.0, -1], [3, -3]])})['x']  # step 1 is in T_v: Adam
-    Array([[-0.1,  0.1],
-           [-0.1,  0.1]], dtype=float32)
+    >>> run = testing.Run(tx, {'x': jnp.zeros(3)}, workers=2)
+    >>> g = {'x': jnp.array([[1.0, -1, 2], [3, -3, -4]])}
+    >>> _ = run(g)  # step 1 is in T_v: dense all-reduce, Adam
+    >>> _ = run(g)  # phase 2, local interval 1: the update u goes at 1 bit
+    >>> run.history
+    [[1, 0, 0, 0, 0], [0, 1, 1, 1, 1]]
 
   References:
     Lu et al. Maximizing Communication Efficiency for Large-scale Training
