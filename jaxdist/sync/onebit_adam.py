@@ -174,8 +174,10 @@ def _check_common(learning_rate, num_workers, b1, b2, eps, weight_decay) -> None
 
 
 def _workers(name: str, axis_name: comm.AxisName, num_workers: int) -> int:
+  """N, checked against `num_workers`; one worker (nothing to compress) is accepted too, as
+  the trainer's calibration runs the method's step on one worker to time its compute."""
   n = comm.axis_size(axis_name)
-  if n != num_workers:
+  if n not in (1, num_workers):
     raise ValueError(f'{name} was built for num_workers={num_workers}, but {axis_name} has {n}')
   return n
 
