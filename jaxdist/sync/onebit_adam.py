@@ -160,6 +160,15 @@ def onebit_allreduce(
   )
 
 
+def _masked(tree: Any, nu: Any) -> Any:
+  """`tree` zeroed where v = 0: entries that never had a gradient (1 bit cannot send 0).
+
+  DeepSpeed's user-supplied `exp_avg_mask`, read off the variance: sgn(0) = +1 would give
+  such an entry ±scale, and with √v + ε = ε its step would be η·scale/ε.
+  """
+  return jax.tree.map(lambda x, v: jnp.where(v > 0, x, jnp.zeros_like(x)), tree, nu)
+
+
 # --- shared pieces ---------------------------------------------------------------------------
 
 
@@ -363,6 +372,7 @@ def onebit_adam(
       car = comm.silence(tuple(car_t))
       if n > 1:
         mu, werr, serr, car = onebit_allreduce(mu, werr, serr, axis_name=axis_name)
+        mu = _masked(mu, nu)
       return mu, nu, werr, serr, (comm.silence(dense_t), *car)
 
     mu, nu, werr, serr, wire = lax.cond(
@@ -552,10 +562,11 @@ def zero_one_adam(
     serr = jnp.where(switching, 0.0, state.server_error)
     var_count = state.var_count + full.astype(jnp.int32)
 
-    def car(x, werr, serr):
+    def car(x, werr, serr, nu):
       if n == 1:
         return x, werr, serr, quiet[1:]
-      return onebit_allreduce(x, werr, serr, axis_name=axis_name)
+      x, werr, serr, sent = onebit_allreduce(x, werr, serr, axis_name=axis_name)
+      return _masked(x, nu), werr, serr, sent
 
     def adam_step(g, mu, nu, u, werr, serr):  # T_v: dense gradient, m and v
       g, sent = comm.pmean(g, axis_name)
@@ -564,7 +575,7 @@ def zero_one_adam(
       return out, mu, nu, u, werr, serr, (sent, *quiet[1:])
 
     def onebit_step(g, mu, nu, u, werr, serr):  # 1-bit gradient, m only
-      g, werr, serr, sent = car(g, werr, serr)
+      g, werr, serr, sent = car(g, werr, serr, nu)
       mu = adam.momentum(g, mu)
       out = adam.step(mu, adam.denominator(nu, var_count), t, params, rate)
       return out, mu, nu, u, werr, serr, (quiet[0], *sent)
@@ -578,7 +589,7 @@ def zero_one_adam(
       mu = adam.momentum(g, mu)
       denom = adam.denominator(nu, var_count)
       total = jax.tree.map(jnp.add, u, adam.step(mu, denom, t, params, rate))  # u − Δ_t
-      mean, werr, serr, sent = car(jax.tree.map(jnp.multiply, total, denom), werr, serr)
+      mean, werr, serr, sent = car(jax.tree.map(jnp.multiply, total, denom), werr, serr, nu)
       lam = state.rates + rate
       keep = (1.0 - b1**t) if bias_correction else 1.0  # m from the re-estimated m̂
       mu = jax.tree.map(lambda s: (-s / lam * keep).astype(s.dtype), mean)
