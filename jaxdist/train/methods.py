@@ -180,6 +180,29 @@ METHODS: Mapping[str, Method] = {
     sync.demo, 'own', model=REPLICATED,
     states={sync.DeMoState: {'count': REPLICATED, 'exchange': None}},  # ChunkedState: sparseloco
   ),
+  # whole optimizers (Adam with a frozen variance; the trainer passes config.optimizer's
+  # schedule as learning_rate). Elastic: the moments are replicated (1-bit Adam: all-reduced
+  # every step; 0/1 Adam: v is, m and the local-step accumulator u are averaged like the local
+  # models); the worker error is averaged (it conserves the owed update, as compressed EF);
+  # the server error is this worker's chunk of a layout that depends on the number of
+  # workers, so it restarts at zero (one step's server rounding, not carried over; a restore
+  # on the same workers keeps it exactly).
+  'onebit_adam': Method(
+    sync.onebit_adam, 'own', supplies=('axis_name', 'num_workers'), model=REPLICATED,
+    states={sync.OneBitAdamState: {
+      'count': REPLICATED, 'mu': REPLICATED, 'nu': REPLICATED, 'worker_error': MEAN,
+      'server_error': RESET, 'wire': RESET,
+    }},
+  ),
+  'zero_one_adam': Method(
+    sync.zero_one_adam, 'own', supplies=('axis_name', 'num_workers'), wait=periodic, model=MEAN,
+    states={sync.ZeroOneAdamState: {
+      'count': REPLICATED, 'mu': MEAN, 'nu': REPLICATED, 'var_count': REPLICATED,
+      'var_interval': REPLICATED, 'var_counter': REPLICATED, 'local_interval': REPLICATED,
+      'local_counter': REPLICATED, 'rates': REPLICATED, 'accumulator': MEAN,
+      'worker_error': MEAN, 'server_error': RESET, 'wire': RESET,
+    }},
+  ),
   # stale and asynchronous gradients
   'stale_sync': Method(sync.stale_sync, 'before', wait=ssp('max_delay'), refused=_IN_FLIGHT),
   'ssp': Method(sync.ssp, 'before', wait=ssp('staleness'), refused=_IN_FLIGHT),
