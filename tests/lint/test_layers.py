@@ -24,6 +24,7 @@ from conftest import REPO
 
 CONFIG_READERS = (  # rule 1: may read the config (files, or folders ending in /)
   'jaxdist/train/config.py',
+  'jaxdist/train/config_files.py',  # the :arg of a config file, as a ConfigDict
   'jaxdist/train/factory/',
   'jaxdist/train/cli.py',
   'jaxdist/train/compare.py',
