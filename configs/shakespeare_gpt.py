@@ -30,9 +30,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.workers = arg.workers
   config.batch_size = 64  # windows, global: batch_size // workers each
   config.steps = 5000 if arg.small else 1000
+  # nanoGPT's 1e-3 for `small`; the 64-wide `tiny` learns faster at 1e-2 (600 steps, 8 workers:
+  # validation loss 2.33 at 1e-3, 2.02 at 3e-3, 1.91 at 1e-2)
   config.optimizer = base_config.optimizer(
-    'adamw', 1e-3, weight_decay=0.1, schedule='cosine', warmup_steps=100 if arg.small else 50
-  )
+    'adamw', 1e-3 if arg.small else 1e-2, weight_decay=0.1, schedule='cosine',
+    warmup_steps=100 if arg.small else 50,
+  )  # fmt: skip
   config.eval_every = 250 if arg.small else 100
   config.eval_batch_size = 512
   config.checkpoint_every = 1000 if arg.small else 500

@@ -1,0 +1,155 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The DiLoCo family on a language model
+#
+# <a href="https://colab.research.google.com/github/jaxdist/jaxdist/blob/main/notebooks/diloco_family.ipynb"><img src="https://colab.research.google.com/assets/colab-badge.svg" alt="Open In Colab"/></a>
+#
+# A character-level GPT on the complete works of Shakespeare (bundled with
+# jaxdist: nothing to download), trained by 8 workers with AdamW, its
+# gradients all-reduced every step (BSP), against the methods that send
+# less: DiLoCo (an outer step every H inner steps), Streaming DiLoCo (the
+# model in fragments synchronised in turn, the average applied a step later,
+# sent in fp8), SparseLoCo (DiLoCo's pseudo-gradient as a 2-bit, 3 % Top-k per
+# tile with error feedback), DeMo (the DCT of the momentum, Top-k
+# coefficients exchanged, a sign step), the block-scaled int8 all-reduce and
+# 1-bit Adam. Each is an optax transform (`jd.sync.<name>`); here the trainer
+# builds them from their config sections. The headline: validation loss
+# against the bytes each worker sent, and against the modelled time of a
+# 1 Gbit/s network. On Colab the first cell installs jaxdist.
+
+# %%
+# On Colab (or wherever jaxdist is missing) this installs it into the running kernel from
+# GitHub, or from JAXDIST_SOURCE (a fork, a local checkout as file:///path); pip's messages,
+# failures included, show here. Where jaxdist imports already, it does nothing.
+import importlib
+import importlib.util
+import os
+import site
+import subprocess
+import sys
+
+SOURCE = os.environ.get('JAXDIST_SOURCE', 'git+https://github.com/jaxdist/jaxdist')
+if importlib.util.find_spec('jaxdist') is None:
+  pip = subprocess.run(
+    [sys.executable, '-m', 'pip', 'install', '--quiet', f'jaxdist[train,control] @ {SOURCE}'],
+    capture_output=True,
+    text=True,
+  )
+  print(pip.stdout + pip.stderr, end='')
+  pip.check_returncode()
+  for folder in [*site.getsitepackages(), site.getusersitepackages()]:
+    if os.path.isdir(folder) and folder not in sys.path:  # made by pip after the kernel started
+      site.addsitedir(folder)
+  importlib.invalidate_caches()
+
+import jaxdist as jd
+
+# %%
+jd.runtime.cpu_devices(8)  # 8 CPU devices, before JAX starts
+
+# %matplotlib inline
+
+# %%
+jd.runtime.cpu_devices(8)  # 8 CPU devices, before JAX starts
+
+# %matplotlib inline
+
+# %% [markdown]
+# ## Training
+#
+# `runlocal` is the CPU-and-CI size: the `tiny` GPT (4 blocks of 64) on
+# windows of 32 characters, a few dozen steps. `make results-lm` trains the
+# same methods for 600 steps of 64 windows of 64 characters
+# (configs/variants/lm.py); `:small` is nanoGPT's 10.7M-parameter model, for a GPU.
+
+# %%
+STEPS = 36
+H = 12  # DiLoCo's period: 3 outer steps in the run
+common = {'progress': False, 'steps': STEPS, 'eval_every': H, 'checkpoint_every': STEPS}
+METHODS = {
+  'AdamW, all-reduce (BSP)': {'sync.method': 'allreduce'},
+  f'DiLoCo H={H}': {'sync.method': 'diloco', 'sync.diloco.period': H},
+  f'Streaming DiLoCo H={H}, 4 fragments, fp8': {
+    'sync.method': 'streaming_diloco',
+    'sync.streaming_diloco.period': H,
+    'sync.streaming_diloco.fragments': 4,
+    'sync.streaming_diloco.delay': 1,
+    'sync.streaming_diloco.averager': 'quantized_allreduce',
+    'sync.quantized_allreduce.format': 'fp8',
+  },
+  f'SparseLoCo H={H}, 3 %, 2-bit': {'sync.method': 'sparseloco', 'sync.sparseloco.period': H},
+  'DeMo': {'sync.method': 'demo', 'optimizer.learning_rate': 3e-3},
+  'int8 block all-reduce': {'sync.method': 'quantized_allreduce'},
+}
+runs = {}
+
+
+def train(name):
+  """Trains METHODS[name] at runlocal size; its summary and metrics."""
+  config = jd.train.load_config('shakespeare_gpt.py:runlocal', **common, **METHODS[name])
+  workdir = os.path.abspath(f'workdir/diloco_family/{len(runs)}')
+  summary = jd.train.train_and_evaluate(config, workdir, fresh=True)
+  runs[name] = (summary, jd.train.metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl')))
+  print(
+    f'{name:42s} validation loss {summary["test_loss"]:.3f} ({summary["test_bits"]:.3f} bits/char), '
+    f'test accuracy {summary["test_accuracy"]:.3f}, '
+    f'{summary["sent_bytes_per_worker"] / 1e6:8.2f} MB sent per worker'
+  )
+
+
+# %%
+for name in list(METHODS)[:3]:
+  train(name)
+
+# %%
+for name in list(METHODS)[3:]:
+  train(name)
+
+# %% [markdown]
+# ## Loss against bytes and against time
+#
+# Each point is an evaluation: the validation loss of the workers' mean model,
+# against what each worker had sent so far, and against the modelled clock
+# (this machine's measured compute plus the α-β time of those bytes on a
+# 1 Gbit/s network).
+
+# %%
+import numpy as np
+from matplotlib.figure import Figure
+
+
+def curves(records, key):
+  """(cumulative `key` over steps, validation loss) at each evaluation."""
+  total = np.cumsum([r.get(key) or 0.0 for r in records])
+  points = [(total[i], r['test_loss']) for i, r in enumerate(records) if 'test_loss' in r]
+  return np.array(points).T
+
+
+fig = Figure(figsize=(11, 4))
+by_bytes, by_time = fig.subplots(1, 2)
+for name, (_, records) in runs.items():
+  sent, loss = curves(records, 'sent_bytes')
+  by_bytes.plot(np.maximum(sent, 1) / 1e6, loss, 'o-', label=name)
+  seconds, loss = curves(records, 'modelled_s@1gbps')
+  by_time.plot(seconds, loss, 'o-', label=name)
+by_bytes.set(xscale='log', xlabel='MB sent per worker', ylabel='validation loss (nats/char)')
+by_time.set(xlabel='modelled seconds at 1 Gbit/s', ylabel='validation loss (nats/char)')
+for ax in (by_bytes, by_time):
+  ax.grid(alpha=0.3)
+by_bytes.legend(fontsize=7)
+fig.tight_layout()
+fig
