@@ -1,18 +1,34 @@
-"""The DiLoCo family on a language model (`make results`: experiments/results/lm.md).
+"""The DiLoCo family on a language model (`make results-lm`: experiments/results/lm.md).
 
 A character-level GPT (`configs/shakespeare_gpt.py`, `tiny`) on the bundled
-Shakespeare, 8 workers, one token budget; AdamW with a gradient all-reduce
-every step (BSP) is the first row and every other row's target.
+Shakespeare, 8 workers, one token budget (600 steps of 64 windows of 64
+characters); AdamW with a gradient all-reduce every step (BSP) is the first
+row and every other row's target. Streaming DiLoCo's four fragments need a
+period that divides by 4: 48, beside DiLoCo's 50.
 """
 
 from jaxdist.train.config import compressed, method
 
 SETTINGS = {'steps': 600, 'eval_every': 50, 'checkpoint_every': 600}
 
+FP8 = {'quantized_allreduce': {'format': 'fp8'}}
+
 VARIANTS = {
   'bsp': method('allreduce'),
+  'int8_allreduce': method('quantized_allreduce', format='int8'),
   'diloco10': method('diloco', period=10),
   'diloco50': method('diloco', period=50),
+  'streaming48_fp8': {
+    'sync': {
+      **method('streaming_diloco', period=48, fragments=4, delay=1, alpha=0.5,
+               layout='strided', averager='quantized_allreduce')['sync'],
+      **FP8,
+    },
+  },  # fmt: skip
+  'sparseloco50': method('sparseloco', period=50, density=0.03125, bits=2),
+  'sparseloco10': method('sparseloco', period=10, density=0.03125, bits=2),
+  # DeMo's sign step: lr 3e-3 (300 steps: validation loss 2.65 at 1e-3, 2.47 at 3e-3, 2.67 at 1e-2)
+  'demo': {**method('demo'), 'optimizer': {'learning_rate': 3e-3}},
   'topk1_ef': compressed('topk', ratio=0.01, selection='bisect'),
   'powersgd2': method('powersgd', rank=2),
 }
