@@ -139,17 +139,22 @@ def curves(records, key):
   return np.array(points).T
 
 
-fig = Figure(figsize=(11, 4))
-by_bytes, by_time = fig.subplots(1, 2)
-for name, (_, records) in runs.items():
-  sent, loss = curves(records, 'sent_bytes')
-  by_bytes.plot(np.maximum(sent, 1) / 1e6, loss, 'o-', label=name)
-  seconds, loss = curves(records, 'modelled_s@1gbps')
-  by_time.plot(seconds, loss, 'o-', label=name)
-by_bytes.set(xscale='log', xlabel='MB sent per worker', ylabel='validation loss (nats/char)')
-by_time.set(xlabel='modelled seconds at 1 Gbit/s', ylabel='validation loss (nats/char)')
-for ax in (by_bytes, by_time):
-  ax.grid(alpha=0.3)
-by_bytes.legend(fontsize=7)
-fig.tight_layout()
-fig
+def plot(runs):
+  """Validation loss against MB sent per worker and against modelled seconds at 1 Gbit/s."""
+  fig = Figure(figsize=(11, 4))
+  by_bytes, by_time = fig.subplots(1, 2)
+  for name, (_, records) in runs.items():
+    sent, loss = curves(records, 'sent_bytes')
+    by_bytes.plot(np.maximum(sent, 1) / 1e6, loss, 'o-', label=name)
+    seconds, loss = curves(records, 'modelled_s@1gbps')
+    by_time.plot(seconds, loss, 'o-', label=name)
+  by_bytes.set(xscale='log', xlabel='MB sent per worker', ylabel='validation loss (nats/char)')
+  by_time.set(xlabel='modelled seconds at 1 Gbit/s', ylabel='validation loss (nats/char)')
+  for ax in (by_bytes, by_time):
+    ax.grid(alpha=0.3)
+  by_bytes.legend(fontsize=7)
+  fig.tight_layout()
+  return fig
+
+
+plot(runs)

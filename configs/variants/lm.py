@@ -20,11 +20,18 @@ VARIANTS = {
   'diloco50': method('diloco', period=50),
   'streaming48_fp8': {
     'sync': {
-      **method('streaming_diloco', period=48, fragments=4, delay=1, alpha=0.5,
-               layout='strided', averager='quantized_allreduce')['sync'],
+      **method(
+        'streaming_diloco',
+        period=48,
+        fragments=4,
+        delay=1,
+        alpha=0.5,
+        layout='strided',
+        averager='quantized_allreduce',
+      )['sync'],
       **FP8,
     },
-  },  # fmt: skip
+  },
   'sparseloco50': method('sparseloco', period=50, density=0.03125, bits=2),
   'sparseloco10': method('sparseloco', period=10, density=0.03125, bits=2),
   # DeMo's sign step: lr 3e-3 (300 steps: validation loss 2.65 at 1e-3, 2.47 at 3e-3, 2.67 at 1e-2)
