@@ -93,6 +93,8 @@ results-lm: $(VENV)/.installed
 	$(PY) experiments/compare.py --config=configs/shakespeare_gpt.py --workdir=workdir/results_lm \
 	  --config.progress=False --variants=configs/variants/lm.py --results=experiments/results/lm.md
 	$(MAKE) bench-lm
+	$(PY) experiments/lm_targets.py --workdir=workdir/results_lm \
+	  --steps=experiments/results/step_lm.md --results=experiments/results/lm_targets.md
 	$(PY) experiments/docs_tables.py
 
 # The newest versions pyproject.toml's ranges admit (the core and the `all` extra: every extra
