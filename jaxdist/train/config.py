@@ -152,7 +152,7 @@ def sync() -> ml_collections.ConfigDict:
   # Whole optimizers: config.optimizer gives only the learning-rate schedule; its name and
   # weight decay are not used (weight_decay here).
   s.onebit_adam = dict(warmup_steps=100, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0,
-                       bias_correction=True)  # fmt: skip
+                       bias_correction=True, clip=1.0)  # fmt: skip
   s.zero_one_adam = dict(
     var_freeze_step=100,
     var_update_scaler=16,
@@ -163,6 +163,7 @@ def sync() -> ml_collections.ConfigDict:
     eps=1e-8,
     weight_decay=0.0,
     bias_correction=True,
+    clip=1.0,
   )
   # DGC's local gradient clipping before any gradient-averaging method (0 = off).
   s.local_clip = dict(max_norm=0.0)
