@@ -75,7 +75,7 @@ def zero_one_adam(
   eps: float = 1e-8,
   weight_decay: float = 0.0,
   bias_correction: bool = True,
-  clip: float = 1.0,
+  clip: float = 10.0,
 ) -> optax.GradientTransformation:
   """0/1 Adam: Adam with variance updates ever rarer, then 1-bit synchronised local steps.
 
