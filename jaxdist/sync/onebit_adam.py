@@ -104,7 +104,7 @@ def onebit_adam(
     axis_name: the worker axis (or tuple of axes).
     num_workers: N, the number of workers on `axis_name` (the server error's
       length and the payload depend on it).
-    warmup_steps: steps of dense Adam before the variance freezes
+    warmup_steps: steps of dense Adam before the variance freezes, >= 1
       (DeepSpeed's `freeze_step`; its tutorial: 15–25 % of the run).
     b1, b2, eps: Adam's.
     weight_decay: λ, decoupled (AdamW's), inside the learning rate.
@@ -133,7 +133,7 @@ def onebit_adam(
     Adam's Convergence Speed. ICML 2021. https://arxiv.org/abs/2102.02888
   """
   fa.check_common(learning_rate, num_workers, b1, b2, eps, weight_decay, clip)
-  _checks.check('warmup_steps', warmup_steps, lambda v: v >= 0, '>= 0')
+  _checks.check('warmup_steps', warmup_steps, lambda v: v >= 1, '>= 1 (v is 0 before)')
   adam = fa.Adam(b1, b2, eps, weight_decay, bias_correction, clip)
 
   def init_fn(params):

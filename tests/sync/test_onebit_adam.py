@@ -404,10 +404,11 @@ def test_a_restored_state_continues_bit_identically(make):
   [
     (lambda: jd.sync.onebit_adam(1e-3, axis_name=AX, num_workers=0), 'num_workers must be >= 1'),
     (
-      lambda: jd.sync.onebit_adam(1e-3, axis_name=AX, num_workers=2, warmup_steps=-1),
-      'warmup_steps must be >= 0, got -1',
+      lambda: jd.sync.onebit_adam(1e-3, axis_name=AX, num_workers=2, warmup_steps=0),
+      r'warmup_steps must be >= 1 \(v is 0 before\), got 0',
     ),
     (lambda: jd.sync.onebit_adam(1e-3, axis_name=AX, num_workers=2, b2=1.0), 'b2 must be in'),
+    (lambda: jd.sync.zero_one_adam(1e-3, axis_name=AX, num_workers=2, clip=-1), 'clip must be'),
     (
       lambda: jd.sync.zero_one_adam(1e-3, axis_name=AX, num_workers=2, local_step_clipper=0),
       'local_step_clipper must be >= 1, got 0',
