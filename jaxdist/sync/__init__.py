@@ -4,13 +4,13 @@ One module per method: `allreduce`, `compressed` (`compressed_allreduce`; DGC's
 `local_clip` is in `clip`), `powersgd`, `bucketing` (`bucketed_allreduce`),
 `quantized` (`quantized_allreduce`, block-scaled int8 / fp8), `local_sgd`, `diloco`,
 `streaming_diloco` (and its `fragment_labels`), `sparseloco` and `demo` (both on `chunked`:
-`chunked_allgather`, error-fed Top-k per tile, all-gathered), `onebit_adam` (`onebit_adam`,
-`zero_one_adam`: whole optimizers), `selsync`, `sma`, `gossip`, `stale` (`stale_sync`,
-`ssp`, `async_sgd`), `delay_tolerant` (`od_sgd`, `ssd_sgd`, `cd_sgd`), `pipeline` (gradient
-delay and its compensations) and `tick_tock`. Wrappers that keep workers in step: `finite`
-(`skip_nonfinite`) and `accumulate` (gradient accumulation). Bucket planning lives in
-`jaxdist.netmodel`. `apply_updates` applies a chain's updates and gives the workers that
-synchronised their model exactly.
+`chunked_allgather`, error-fed Top-k per tile, all-gathered), `onebit_adam` and
+`zero_one_adam` (whole optimizers, on `onebit_allreduce`), `selsync`, `sma`, `gossip`,
+`stale` (`stale_sync`, `ssp`, `async_sgd`), `delay_tolerant` (`od_sgd`, `ssd_sgd`,
+`cd_sgd`), `pipeline` (gradient delay and its compensations) and `tick_tock`. Wrappers
+that keep workers in step: `finite` (`skip_nonfinite`) and `accumulate` (gradient
+accumulation). Bucket planning lives in `jaxdist.netmodel`. `apply_updates` applies a
+chain's updates and gives the workers that synchronised their model exactly.
 """
 
 from jaxdist.probes import apply_updates
@@ -27,13 +27,8 @@ from jaxdist.sync.finite import SkipNonfiniteState, all_finite, skip_nonfinite
 from jaxdist.sync.gossip import GossipState, gossip, mixing_matrix
 from jaxdist.sync.hitopk import HiTopKState, hitopk_allreduce
 from jaxdist.sync.local_sgd import LocalSGDState, local_sgd
-from jaxdist.sync.onebit_adam import (
-  OneBitAdamState,
-  ZeroOneAdamState,
-  onebit_adam,
-  onebit_allreduce,
-  zero_one_adam,
-)
+from jaxdist.sync.onebit_adam import OneBitAdamState, onebit_adam
+from jaxdist.sync.onebit_allreduce import onebit_allreduce
 from jaxdist.sync.pipeline import (
   GradientDelayState,
   PredictionState,
@@ -56,6 +51,7 @@ from jaxdist.sync.streaming_diloco import (
 )
 from jaxdist.sync.tick_tock import TickTockState, tick_tock
 from jaxdist.sync.weighted import WeightedState, weighted_allreduce
+from jaxdist.sync.zero_one_adam import ZeroOneAdamState, zero_one_adam
 
 __all__ = [
   'AccumulateState',

@@ -152,18 +152,10 @@ def sync() -> ml_collections.ConfigDict:
   # Whole optimizers: config.optimizer gives only the learning-rate schedule; its name and
   # weight decay are not used (weight_decay here).
   s.onebit_adam = dict(warmup_steps=100, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0,
-                       bias_correction=True)  # fmt: skip
-  s.zero_one_adam = dict(
-    var_freeze_step=100,
-    var_update_scaler=16,
-    local_step_scaler=100,
-    local_step_clipper=16,
-    b1=0.9,
-    b2=0.999,
-    eps=1e-8,
-    weight_decay=0.0,
-    bias_correction=True,
-  )
+                       bias_correction=True, clip=10.0)  # fmt: skip
+  s.zero_one_adam = dict(var_freeze_step=100, var_update_scaler=16, local_step_scaler=100,
+                         local_step_clipper=16, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0,
+                         bias_correction=True, clip=10.0)  # fmt: skip
   # DGC's local gradient clipping before any gradient-averaging method (0 = off).
   s.local_clip = dict(max_norm=0.0)
   # System form of tick-tock: a device's workers run their passes one after

@@ -167,19 +167,115 @@ def test_onebit_adam_compressed_step_by_hand():
   # b1 = 0: m is the gradient itself; step 1 (warm-up) with gradient 1 everywhere sets
   # v = (1 - b2)·1 = 0.5 (no bias correction); step 2 sends the two workers' gradients at
   # 1 bit (the sixteen-element case above) and steps with the frozen v.
-  tx = jd.sync.onebit_adam(
-    0.1, axis_name=AX, num_workers=2, warmup_steps=1, b1=0.0, b2=0.5, bias_correction=False
-  )
-  run = testing.Run(tx, {'v': jnp.zeros(16)}, workers=2)
-  run({'v': jnp.ones((2, 16))})
-  np.testing.assert_allclose(run.updates['v'], np.full((2, 16), -0.1 / (np.sqrt(0.5) + 1e-8)))
+  # 1-bit and the frozen v; clip=0: DeepSpeed's unbounded direction, clip=2: |d| <= 2.
   x1 = np.array([1, 7, -1, -7, 1, 7, -1, -7, 7, 1, -7, -1, 7, 1, -7, -1], np.float32)
-  run({'v': jnp.asarray(np.stack([2 * SGN_B, x1]))})
   m = np.concatenate([3.5 * SGN_A[:8], np.sqrt(7.25) * SGN_A[8:]])
-  np.testing.assert_allclose(run.updates['v'][1], -0.1 * m / (np.sqrt(0.5) + 1e-8), rtol=1e-6)
+  d = m / (np.sqrt(0.5) + 1e-8)  # 4.95 and 3.81 in size
+  for clip, want in [(0.0, d), (2.0, 2 * SGN_A), (4.0, np.where(np.abs(d) > 4, 4 * SGN_A, d))]:
+    tx = jd.sync.onebit_adam(
+      0.1, axis_name=AX, num_workers=2, warmup_steps=1, b1=0.0, b2=0.5, bias_correction=False,
+      clip=clip,
+    )  # fmt: skip
+    run = testing.Run(tx, {'v': jnp.zeros(16)}, workers=2)
+    run({'v': jnp.ones((2, 16))})
+    np.testing.assert_allclose(run.updates['v'], np.full((2, 16), -0.1 / (np.sqrt(0.5) + 1e-8)))
+    run({'v': jnp.asarray(np.stack([2 * SGN_B, x1]))})
+    np.testing.assert_allclose(run.updates['v'][1], -0.1 * want, rtol=1e-6, err_msg=f'{clip}')
   np.testing.assert_allclose(run.state.nu['v'], np.full((2, 16), 0.5))  # frozen
   np.testing.assert_array_equal(run.state.mu['v'][0], run.state.mu['v'][1])
   assert run.history == [[1, 0, 0, 0, 0], [0, 1, 1, 1, 1]]
+
+
+def test_entries_silent_in_the_warm_up_get_no_step_or_a_bounded_one():
+  # The divergence on the digits CNN (NaN 3 steps after the freeze): an entry whose v is ~0 at
+  # the freeze (a ReLU unit nearly dead in the warm-up) gets the tensor's 1-bit scale in m and
+  # steps by η·scale/√v. Warm-up gradient: entry 0 → 0 (v = 0), entry 1 → 1e-4, the rest 2;
+  # b1 = 0, b2 = 0.5, no bias correction: v = (0, 5e-9, 2, …). Step 2: the same gradient
+  # (0, 1e-4, 1, …) on both workers; its 1-bit code is s·(+1, …) with s = ‖x‖/√16 everywhere
+  # (sgn(0) = +1; equal workers, so the server sees s everywhere too).
+  warm = np.array([0.0, 1e-4] + [2.0] * 14, np.float32)
+  x = np.array([0.0, 1e-4] + [1.0] * 14, np.float32)
+  s = np.sqrt(np.sum(x.astype(np.float64) ** 2) / 16)
+  root_v = np.sqrt(0.5 * warm.astype(np.float64) ** 2)
+  for clip in (0.0, 1.0):
+    tx = jd.sync.onebit_adam(
+      0.1, axis_name=AX, num_workers=2, warmup_steps=1, b1=0.0, b2=0.5, bias_correction=False,
+      clip=clip,
+    )  # fmt: skip
+    run = testing.Run(tx, {'v': jnp.zeros(16)}, workers=2)
+    run({'v': jnp.asarray(np.stack([warm, warm]))})
+    run({'v': jnp.asarray(np.stack([x, x]))})
+    d = s / (root_v + 1e-8)  # 1.3e4 at entry 1, 0.66 for the rest
+    want = -0.1 * np.where(np.arange(16) == 0, 0.0, np.minimum(d, clip) if clip else d)
+    np.testing.assert_allclose(run.updates['v'][0], want, rtol=1e-5, err_msg=f'clip={clip}')
+    np.testing.assert_array_equal(run.state.mu['v'][:, 0], 0)  # v = 0: m masked (1 bit ≠ 0)
+  assert -0.1 * s / (root_v[1] + 1e-8) < -1000  # DeepSpeed's step (clip=0) at entry 1
+
+
+def deepspeed_onebit_adam(grads, warmup, lr, b1, b2, eps, clip):
+  """1-bit Adam in NumPy: per leaf, flat, N servers of c = 8·⌈d/8N⌉ elements (padding not
+  counted), v = 0 masked, bias-corrected; each step's updates (replicated). `grads`: a list
+  of {leaf: [N, ...]}."""
+  n = len(next(iter(grads[0].values())))
+  state = {}
+  out = []
+  sgn = lambda a: np.where(a >= 0, 1.0, -1.0)
+  for t, g in enumerate(grads, start=1):
+    step = {}
+    for k, gk in g.items():
+      shape = np.shape(gk)[1:]
+      gk = np.asarray(gk, np.float64).reshape(n, -1)
+      d = gk.shape[1]
+      c = 8 * max(1, -(-d // (8 * n)))
+      m, v, we, se = state.get(k, (np.zeros(d), np.zeros(d), np.zeros((n, d)), np.zeros((n, c))))
+      if t <= warmup:
+        m = b1 * m + (1 - b1) * gk.mean(0)
+        v = b2 * v + (1 - b2) * gk.mean(0) ** 2
+      else:
+        x = b1 * m + (1 - b1) * gk + we  # every worker's own momentum, plus its error
+        q = np.linalg.norm(x, axis=1, keepdims=True) / np.sqrt(d) * sgn(x)
+        we = x - q
+        m = np.zeros(d)
+        for j in range(n):
+          lo, hi = j * c, min(d, (j + 1) * c)
+          if lo >= hi:
+            continue
+          y = q[:, lo:hi].mean(0) + se[j, : hi - lo]
+          yq = np.linalg.norm(y) / np.sqrt(hi - lo) * sgn(y)
+          se[j, : hi - lo] = y - yq
+          m[lo:hi] = yq
+        m = np.where(v > 0, m, 0.0)
+      state[k] = (m, v, we, se)
+      direction = (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2 ** min(t, warmup))) + eps)
+      if t > warmup:
+        direction = np.where(v > 0, direction, 0.0)
+        direction = np.clip(direction, -clip, clip) if clip else direction
+      step[k] = (-lr * direction).reshape(shape)
+    out.append(step)
+  return out
+
+
+@pytest.mark.parametrize('clip', [0.0, 1.0])
+def test_compressed_stage_matches_a_numpy_deepspeed_reference(clip):
+  # random gradients (nothing exactly compressible), 2 warm-up and 4 compressed steps, 4
+  # workers on 2 devices; every worker's update equals the reference's
+  n, shapes = 4, {'k': (3, 4, 6), 'b': (5,), 's': ()}
+  rng = np.random.default_rng(7)
+  grads = [
+    {k: rng.standard_normal((n, *sh)).astype(np.float32) * (1 + t) for k, sh in shapes.items()}
+    for t in range(6)
+  ]
+  kw = dict(b1=0.9, b2=0.99, eps=1e-8)
+  tx = jd.sync.onebit_adam(1e-2, axis_name=AX, num_workers=n, warmup_steps=2, clip=clip, **kw)
+  run = testing.Run(tx, {k: jnp.zeros(sh) for k, sh in shapes.items()}, workers=n, devices=2)
+  want = deepspeed_onebit_adam(grads, 2, 1e-2, clip=clip, **kw)
+  for t in range(6):
+    run(jax.tree.map(jnp.asarray, grads[t]))
+    for k in shapes:
+      got = np.asarray(run.updates[k])
+      np.testing.assert_allclose(
+        got, np.broadcast_to(want[t][k], got.shape), rtol=2e-5, atol=1e-9, err_msg=f'{k} {t}'
+      )
 
 
 def frozen_adam(lr, b1, b2, eps, grads, freeze):
@@ -205,7 +301,7 @@ def test_exactly_compressible_gradients_give_adam_with_a_frozen_variance(method)
   s = np.array([1, -1, -1, 1, 1, 1, -1, 1], np.float32)
   a = np.random.default_rng(0).uniform(0.5, 2.0, (6, 4)).astype(np.float32)
   grads = [a[t][:, None] * s for t in range(6)]
-  kw = dict(axis_name=AX, num_workers=4, b1=0.9, b2=0.99)
+  kw = dict(axis_name=AX, num_workers=4, b1=0.9, b2=0.99, clip=0.0)  # Adam's d, unbounded
   if method == 'onebit_adam':
     tx = jd.sync.onebit_adam(0.01, warmup_steps=2, **kw)
   else:
@@ -308,10 +404,11 @@ def test_a_restored_state_continues_bit_identically(make):
   [
     (lambda: jd.sync.onebit_adam(1e-3, axis_name=AX, num_workers=0), 'num_workers must be >= 1'),
     (
-      lambda: jd.sync.onebit_adam(1e-3, axis_name=AX, num_workers=2, warmup_steps=-1),
-      'warmup_steps must be >= 0, got -1',
+      lambda: jd.sync.onebit_adam(1e-3, axis_name=AX, num_workers=2, warmup_steps=0),
+      r'warmup_steps must be >= 1 \(v is 0 before\), got 0',
     ),
     (lambda: jd.sync.onebit_adam(1e-3, axis_name=AX, num_workers=2, b2=1.0), 'b2 must be in'),
+    (lambda: jd.sync.zero_one_adam(1e-3, axis_name=AX, num_workers=2, clip=-1), 'clip must be'),
     (
       lambda: jd.sync.zero_one_adam(1e-3, axis_name=AX, num_workers=2, local_step_clipper=0),
       'local_step_clipper must be >= 1, got 0',
