@@ -36,10 +36,10 @@ VARIANTS = {
   'sparseloco10': method('sparseloco', period=10, density=0.03125, bits=2),
   # DeMo's sign step: lr 3e-3 (300 steps: validation loss 2.65 at 1e-3, 2.47 at 3e-3, 2.67 at 1e-2)
   'demo': {**method('demo'), 'optimizer': {'learning_rate': 3e-3}},
-  # 1-bit Adam: the variance frozen after 20 % of the steps; AdamW's weight decay
-  'onebit_adam': method('onebit_adam', warmup_steps=120, b2=0.99, weight_decay=0.1),
+  # 1-bit Adam, 0/1 Adam: the variance frozen after 20 % of the steps; AdamW's betas and decay
+  'onebit_adam': method('onebit_adam', warmup_steps=120, weight_decay=0.1),
   'zero_one_adam': method(
-    'zero_one_adam', var_freeze_step=120, local_step_scaler=100, b2=0.99, weight_decay=0.1
+    'zero_one_adam', var_freeze_step=120, local_step_scaler=100, weight_decay=0.1
   ),
   'topk1_ef': compressed('topk', ratio=0.01, selection='bisect'),
   'powersgd2': method('powersgd', rank=2),
