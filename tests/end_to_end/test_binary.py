@@ -22,10 +22,12 @@ TIMEOUT = 300
 INFO_LINE = re.compile(r'^I\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ', re.M)  # absl's info lines
 
 
-def run_binary(workdir, data_dir, *overrides, check=True, cwd=None, script='train.py'):
+def run_binary(
+  workdir, data_dir, *overrides, check=True, cwd=None, script='train.py', config=CONFIG
+):
   proc = subprocess.run(
     binary_cmd(
-      f'--config={os.path.join(REPO, CONFIG)}', f'--workdir={workdir}', *overrides, script=script
+      f'--config={os.path.join(REPO, config)}', f'--workdir={workdir}', *overrides, script=script
     ),
     env=binary_env(data_dir),
     capture_output=True,
@@ -321,22 +323,14 @@ def test_a_config_that_comes_with_jaxdist_is_named_from_anywhere(tmp_path, data_
   ],
 )
 def test_cifar10_resnet20_runlocal_uses_synthetic_data(tmp_path, data_dir, method, option):
-  config = f'--config={os.path.join(REPO, "configs/cifar10_resnet20.py")}:runlocal,workers=4'
-  proc = subprocess.run(
-    binary_cmd(
-      config,
-      f'--workdir={tmp_path}',
-      f'--config.sync.method={method}',
-      f'--config.sync.{option}',
-      '--config.noise_every=0',  # the noise step is a third ResNet-20 program to compile
-      '--config.network.compute_s=0.05',  # and the one-worker measurement a fourth
-    ),
-    env=binary_env(data_dir),
-    capture_output=True,
-    text=True,
-    timeout=TIMEOUT,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  run_binary(
+    tmp_path, data_dir,
+    f'--config.sync.method={method}',
+    f'--config.sync.{option}',
+    '--config.noise_every=0',  # the noise step is a third ResNet-20 program to compile
+    '--config.network.compute_s=0.05',  # and the one-worker measurement a fourth
+    config='configs/cifar10_resnet20.py:runlocal,workers=4',
+  )  # fmt: skip
   summary = json.loads((tmp_path / 'summary.json').read_text())
   assert summary['model'] == 'resnet20' and summary['dataset'] == 'synthetic'
   assert summary['steps'] == 6 and summary['workers'] == 4 and 0 < summary['sync_fraction'] <= 1
@@ -385,16 +379,11 @@ def test_host_controllers_resume_after_sigkill(tmp_path, data_dir, controller):
 
 @pytest.mark.parametrize('method, option', [('allreduce', ''), ('diloco', 'diloco.period=4')])
 def test_shakespeare_gpt_runlocal_trains_a_language_model(tmp_path, data_dir, method, option):
-  config = f'--config={os.path.join(REPO, "configs/shakespeare_gpt.py")}:runlocal,workers=4'
   extra = [f'--config.sync.{option}'] if option else []
-  proc = subprocess.run(
-    binary_cmd(config, f'--workdir={tmp_path}', f'--config.sync.method={method}', *extra),
-    env=binary_env(data_dir),
-    capture_output=True,
-    text=True,
-    timeout=TIMEOUT,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  run_binary(
+    tmp_path, data_dir, f'--config.sync.method={method}', *extra,
+    config='configs/shakespeare_gpt.py:runlocal,workers=4',
+  )  # fmt: skip
   summary = json.loads((tmp_path / 'summary.json').read_text())
   assert summary['model'] == 'gpt' and summary['dataset'] == 'shakespeare'
   assert summary['unit'] == 'char' and summary['tokens_per_s'] > 0

@@ -40,18 +40,23 @@ def _table(text: str, title: str) -> list[dict[str, str]]:
   return [dict(zip(body[0], row, strict=True)) for row in body[2:]]
 
 
-@pytest.mark.slow
-def test_compressor_table_at_toy_sizes(tmp_path):
-  results = tmp_path / 'step_bench.md'
+def bench(tmp_path, args: list[str]) -> str:
+  """The results file bench_step.py writes with `args`."""
+  results = tmp_path / 'results.md'
   env = {**os.environ, 'XLA_FLAGS': xla_flags_for_tests()}  # not the parent's device count
   env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
-  args = ['--nolayouts', '--scaling=', '--overhead_params=2000,20000', '--steps=1', '--repeats=1']
   proc = subprocess.run(
     [sys.executable, SCRIPT, *args, f'--results={results}'],
     cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
   )  # fmt: skip
   assert proc.returncode == 0, proc.stderr[-4000:]
-  text = results.read_text()
+  return results.read_text()
+
+
+@pytest.mark.slow
+def test_compressor_table_at_toy_sizes(tmp_path):
+  args = ['--nolayouts', '--scaling=', '--overhead_params=2000,20000', '--steps=1', '--repeats=1']
+  text = bench(tmp_path, args)
   assert text.startswith('Command: `python experiments/bench_step.py --nolayouts')
   assert 'scaling:' not in text and '| layout |' not in text  # only the table asked for
   rows = _table(text, 'compressor overhead: cnn widened, 8 workers on 8 device(s)')
@@ -74,17 +79,9 @@ def test_compressor_table_at_toy_sizes(tmp_path):
 
 @pytest.mark.slow
 def test_language_model_table_times_each_variant_against_the_first(tmp_path):
-  results = tmp_path / 'step_lm.md'
-  env = {**os.environ, 'XLA_FLAGS': xla_flags_for_tests()}
-  env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
   args = ['--nolayouts', '--scaling=', '--overhead_params=', '--lm=bsp,diloco10', '--lm_steps=2',
           '--repeats=1', '--lm_config=shakespeare_gpt.py:runlocal,workers=4']  # fmt: skip
-  proc = subprocess.run(
-    [sys.executable, SCRIPT, *args, f'--results={results}'],
-    cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-  )  # fmt: skip
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  text = results.read_text()
+  text = bench(tmp_path, args)
   assert 'compressor overhead' not in text
   rows = _table(text, 'language model: gpt tiny (')
   assert [(r['variant'], r['sync']) for r in rows] == [('bsp', 'allreduce'), ('diloco10', 'diloco')]
