@@ -1,0 +1,204 @@
+r"""Training over real, rate-limited links: measured step times beside the modelled clock.
+
+For each number of hosts K (`--hosts`) and each link rate (`--rates`, Mbit/s
+or 'unlimited'), `netns.Hosts` makes K network namespaces on a bridge with
+every link limited by a token bucket; one training process runs in each
+(`experiments/train.py --coordinator_address=... --num_processes=K`, the
+config's workers spread over them: workers/K CPU devices each), so every
+collective between hosts crosses a real, slow link (gloo over TCP). Each
+variant of `--variants` (`--only` picks some) trains `--steps` steps; the
+run's own modelled clock prices the same steps on the link's rate
+(`config.network.profiles` set to it, with `--latency_us`). Everything is
+torn down on exit, on error and on Ctrl-C.
+
+Per run: the measured median seconds of a step (process 0's wall clock, the
+first `--skip` steps left out), the modelled median, their ratio, and the
+measured and modelled time to the first variant's final test accuracy.
+The processes share this machine's cores, and each step's compute runs
+beside the other hosts' (the modelled clock's compute term is the run's own
+one-worker measurement): read the ratio at unlimited rate as the part the
+network leaves out.
+
+  sudo python experiments/bench_network.py --hosts=2 --rates=100,unlimited \
+      --results=experiments/results/network.md
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import netns  # noqa: E402  (experiments/netns.py, beside this script)
+
+flags.DEFINE_list('hosts', ['2'], 'Numbers of hosts (network namespaces, one process each).')
+flags.DEFINE_list('rates', ['100', 'unlimited'], "Link rates in Mbit/s, or 'unlimited'.")
+flags.DEFINE_string('config', 'configs/digits.py:runlocal', 'Config every run trains.')
+flags.DEFINE_string('variants', 'configs/variants/network.py', 'Variants file of the methods.')
+flags.DEFINE_list('only', None, 'Variants to run (default: the whole file).')
+flags.DEFINE_integer('steps', 30, 'Training steps per run.')
+flags.DEFINE_integer('skip', 3, 'First steps left out of the medians (compiling, warm-up).')
+flags.DEFINE_float('latency_us', 100.0, "The modelled network's latency (netem is not here).")
+flags.DEFINE_integer('timeout_s', 600, 'Seconds a run may take before it is killed.')
+flags.DEFINE_string('workdir', 'workdir/network', 'Where the runs write.')
+flags.DEFINE_string('results', None, 'Also write the markdown table here.')
+flags.DEFINE_bool('dry_run', False, 'Build the hosts, print them, tear them down (no training).')
+FLAGS = flags.FLAGS
+
+
+def profile(rate: str) -> str | None:
+  """The network profile of a link rate ('100' Mbit/s -> '0.1gbps@100us'); None: unlimited."""
+  if rate == 'unlimited':
+    return None
+  return f'{float(rate) / 1000:g}gbps@{FLAGS.latency_us:g}us'
+
+
+def flags_of(overrides: dict, prefix: str = 'config') -> list[str]:
+  """A variant's nested overrides as `--config.a.b=value` flags."""
+  out = []
+  for key, value in overrides.items():
+    if isinstance(value, dict):
+      out += flags_of(value, f'{prefix}.{key}')
+    else:
+      out.append(f'--{prefix}.{key}={value}')
+  return out
+
+
+def run(hosts: netns.Hosts, name: str, overrides: dict, rate: str, devices: int) -> dict:
+  """Trains one variant across `hosts`, `devices` CPU devices each; process 0's records."""
+  k = hosts.k
+  workdir = os.path.abspath(os.path.join(FLAGS.workdir, f'k{k}_{rate}', name))
+  net = profile(rate)
+  base = [
+    sys.executable, os.path.join(ROOT, 'experiments', 'train.py'),
+    f'--config={os.path.join(ROOT, FLAGS.config)}', f'--workdir={workdir}',
+    f'--config.steps={FLAGS.steps}', '--config.progress=False', '--config.eval_every=10',
+    f'--config.checkpoint_every={FLAGS.steps}',
+    f'--coordinator_address={hosts.addresses[0]}:23456', f'--num_processes={k}',
+    *flags_of(overrides), *([f'--config.network.profiles={net}'] if net else []),
+  ]  # fmt: skip
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
+  os.makedirs(workdir, exist_ok=True)
+  logs = [open(os.path.join(workdir, f'process{i}.log'), 'w') for i in range(k)]  # noqa: SIM115
+  start = time.perf_counter()
+  try:
+    procs = [
+      hosts.popen(
+        i,
+        [*base, f'--process_id={i}', f'--cpu_devices={devices}'],
+        env=env,
+        stdout=logs[i],
+        stderr=subprocess.STDOUT,
+      )
+      for i in range(k)
+    ]
+    deadline = start + FLAGS.timeout_s
+    for p in procs:
+      p.wait(timeout=max(1.0, deadline - time.perf_counter()))
+  finally:
+    for f in logs:
+      f.close()
+  wall = time.perf_counter() - start
+  failed = [i for i, p in enumerate(procs) if p.returncode != 0]
+  if failed:
+    with open(os.path.join(workdir, f'process{failed[0]}.log')) as f:
+      tail = f.read()[-3000:]
+    raise RuntimeError(f'{name} at {rate}: process {failed[0]} exited non-zero:\n{tail}')
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  return {'name': name, 'rate': rate, 'net': net, 'records': records, 'wall_s': wall}
+
+
+def _reached(records: list[dict], key: str, target: float | None) -> float | None:
+  """Seconds of `key` summed over the steps up to the first evaluation at >= target."""
+  if target is None:
+    return None
+  total = 0.0
+  for r in records[FLAGS.skip :]:
+    total += r.get(key) or 0.0
+    if r.get('test_accuracy') is not None and r['test_accuracy'] >= target:
+      return total
+  return None
+
+
+def row(result: dict, target: float | None) -> dict:
+  records, net = result['records'], result['net']
+  timed = records[FLAGS.skip :]
+  measured = statistics.median(r['step_s'] for r in timed if r.get('step_s'))
+  modelled = statistics.median(r[f'modelled_s@{net}'] for r in timed) if net else None
+  final = [r['test_accuracy'] for r in records if r.get('test_accuracy') is not None][-1]
+  seconds = lambda v: '-' if v is None else f'{v:.3f}'
+  return {
+    'variant': result['name'],
+    'rate': result['rate'] if net is None else f'{result["rate"]} Mbit/s',
+    'acc': f'{final:.4f}',
+    'sent': f'{statistics.mean(r["sent_bytes"] for r in records):,.0f}',
+    'measured': f'{measured:.4f}',
+    'modelled': seconds(modelled),
+    'ratio': '-' if modelled is None else f'{measured / modelled:.2f}',
+    'to_target': seconds(_reached(records, 'step_s', target)),
+    'to_target_model': seconds(_reached(records, f'modelled_s@{net}', target) if net else None),
+  }
+
+
+COLUMNS = [
+  ('variant', 'variant'),
+  ('rate', 'link'),
+  ('acc', 'test acc'),
+  ('sent', 'sent B/worker/step'),
+  ('measured', 'step s, measured'),
+  ('modelled', 'step s, modelled'),
+  ('ratio', 'measured ÷ modelled'),
+  ('to_target', "to first's acc, measured s"),
+  ('to_target_model', "to first's acc, modelled s"),
+]
+
+
+def main(argv):
+  del argv
+  from jaxdist.train import compare, factory, report
+
+  if why := netns.available():
+    raise app.UsageError(f'bench_network {why}')
+  group = compare.load_group(FLAGS.variants)
+  names = FLAGS.only or list(group.variants)
+  workers = factory.load_config(FLAGS.config).workers
+  rows = []
+  for k in (int(h) for h in FLAGS.hosts):
+    if workers % k:
+      raise app.UsageError(f"--hosts {k} must divide the config's {workers} workers")
+    for rate in FLAGS.rates:
+      mbit = None if rate == 'unlimited' else float(rate)
+      with netns.Hosts(k, mbit) as hosts:
+        print(f'{k} hosts {hosts.names} at {rate}: {hosts.addresses}', flush=True)
+        if FLAGS.dry_run:
+          continue
+        results = []
+        for name in names:
+          overrides = {**group.settings, **group.variants[name]}
+          results.append(run(hosts, name, overrides, rate, workers // k))
+          print(f'  {name}: {results[-1]["wall_s"]:.0f} s', flush=True)
+        finals = [r['test_accuracy'] for r in results[0]['records'] if 'test_accuracy' in r]
+        target = finals[-1] if finals else None
+        rows += [row(r, target) for r in results]
+  if not rows:
+    return
+  title = f'{FLAGS.config}, {workers} workers on {FLAGS.hosts} hosts, {FLAGS.steps} steps'
+  print(f'\n{title}\n' + report.table(rows, COLUMNS))
+  if FLAGS.results:
+    command = ' '.join(['python', 'experiments/bench_network.py', *sys.argv[1:]])
+    with open(FLAGS.results, 'w') as f:
+      f.write(f'{report.provenance(command)}\n\n{title}:\n\n{report.markdown(rows, COLUMNS)}\n')
+    print(f'results: {FLAGS.results}')
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,110 @@
+"""experiments/netns.py and bench_network.py: real rate-limited links between namespaces."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, xla_flags_for_tests
+
+sys.path.insert(0, os.path.join(REPO, 'experiments'))
+import netns
+
+WHY = netns.available()
+pytestmark = pytest.mark.skipif(bool(WHY), reason=f'network namespaces: {WHY}')
+
+SEND = """
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], 5555))
+start = time.perf_counter()
+s.sendall(b"x" * int(sys.argv[2]))
+s.shutdown(socket.SHUT_WR)
+s.recv(1)  # the receiver's byte: everything arrived
+print(time.perf_counter() - start)
+"""
+RECEIVE = """
+import socket
+s = socket.socket()
+s.bind(("0.0.0.0", 5555))
+s.listen(1)
+c, _ = s.accept()
+while c.recv(1 << 20):
+  pass
+c.sendall(b"!")
+"""
+
+
+def transfer_s(hosts, nbytes):
+  """Seconds for host 0 to get `nbytes` to host 1 over their link."""
+  receiver = hosts.popen(1, [sys.executable, '-c', RECEIVE])
+  time.sleep(0.5)
+  out = subprocess.run(
+    hosts.command(0, [sys.executable, '-c', SEND, hosts.addresses[1], str(nbytes)]),
+    capture_output=True, text=True, timeout=60, check=True,
+  )  # fmt: skip
+  receiver.wait(timeout=30)
+  return float(out.stdout)
+
+
+def test_a_rate_limited_link_takes_the_time_its_bytes_need():
+  with netns.Hosts(2, 20) as hosts:  # 20 Mbit/s: 2.5 MB is 1.0 s of bytes
+    limited = transfer_s(hosts, 2_500_000)
+  with netns.Hosts(2, None) as hosts:
+    free = transfer_s(hosts, 2_500_000)
+  assert 0.9 < limited < 1.5, limited
+  assert free < 0.3, free
+  assert not netns.leftovers(hosts.prefix)
+
+
+def test_an_error_inside_leaves_nothing_behind():
+  with pytest.raises(RuntimeError, match='boom'), netns.Hosts(3, 100, prefix='jdtesterr') as h:
+    sleeper = h.popen(2, ['sleep', '600'])
+    assert netns.leftovers('jdtesterr')
+    raise RuntimeError('boom')
+  assert netns.leftovers('jdtesterr') == []
+  assert sleeper.poll() is not None  # killed
+
+
+def test_ctrl_c_tears_everything_down():
+  script = f"""
+import sys, time
+sys.path.insert(0, {os.path.join(REPO, 'experiments')!r})
+import netns
+with netns.Hosts(2, 100, prefix='jdtestint') as h:
+  h.popen(1, ['sleep', '601'])
+  print('ready', flush=True)
+  time.sleep(600)
+"""
+  proc = subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, text=True)
+  try:
+    assert proc.stdout.readline().strip() == 'ready'
+    assert len(netns.leftovers('jdtestint')) == 5  # 3 namespaces, 2 /etc/netns folders
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) != 0
+  finally:
+    proc.kill()
+  assert netns.leftovers('jdtestint') == []
+  ps = subprocess.run(['pgrep', '-f', 'sleep 601'], capture_output=True, text=True)
+  assert not ps.stdout.strip(), 'the host processes were not killed'
+
+
+@pytest.mark.slow
+def test_two_hosts_train_over_the_link(tmp_path, data_dir):
+  results = tmp_path / 'network.md'
+  env = dict(os.environ, TFDS_DATA_DIR=data_dir, XLA_FLAGS=xla_flags_for_tests())
+  proc = subprocess.run(
+    [sys.executable, os.path.join(REPO, 'experiments', 'bench_network.py'), '--hosts=2',
+     '--rates=unlimited', '--only=dense,local4', '--steps=6', '--skip=2',
+     f'--workdir={tmp_path}', f'--results={results}'],
+    cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  text = results.read_text()
+  rows = [line for line in text.splitlines() if line.startswith('| dense') or 'local4' in line]
+  assert len(rows) == 2, text
+  for line in rows:
+    measured = float(line.split('|')[5])
+    assert 0 < measured < 60, line
