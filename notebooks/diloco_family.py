@@ -94,6 +94,11 @@ METHODS = {
   f'SparseLoCo H={H}, 3 %, 2-bit': {'sync.method': 'sparseloco', 'sync.sparseloco.period': H},
   'DeMo': {'sync.method': 'demo', 'optimizer.learning_rate': 3e-3},
   'int8 block all-reduce': {'sync.method': 'quantized_allreduce'},
+  '1-bit Adam (variance frozen at step 12)': {
+    'sync.method': 'onebit_adam',
+    'sync.onebit_adam.warmup_steps': H,
+    'sync.onebit_adam.weight_decay': 0.1,
+  },
 }
 runs = {}
 

@@ -27,10 +27,12 @@ def flat(tree, prefix=''):
 CASES = {
   'digits': ['configs/digits.py:runlocal'],
   # a language model with a method whose collectives are staggered over steps
-  'lm': [
+  'lm_streaming_diloco': [
     'configs/shakespeare_gpt.py:runlocal',
-    '--config.sync.method=diloco',
-    '--config.sync.diloco.period=2',
+    '--config.sync.method=streaming_diloco',
+    '--config.sync.streaming_diloco.period=4',
+    '--config.sync.streaming_diloco.fragments=2',
+    '--config.sync.streaming_diloco.delay=1',
   ],
 }
 
