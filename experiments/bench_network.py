@@ -72,18 +72,24 @@ def flags_of(overrides: dict, prefix: str = 'config') -> list[str]:
   return out
 
 
-def run(hosts: netns.Hosts, name: str, overrides: dict, rate: str, devices: int) -> dict:
-  """Trains one variant across `hosts`, `devices` CPU devices each; process 0's records."""
+def run(
+  hosts: netns.Hosts, name: str, overrides: dict, rate: str, devices: int, fitted: str
+) -> dict:
+  """Trains one variant across `hosts`, `devices` CPU devices each; process 0's records.
+
+  The modelled clock prices the steps on the link's nominal rate and on `fitted`.
+  """
   k = hosts.k
   workdir = os.path.abspath(os.path.join(FLAGS.workdir, f'k{k}_{rate}', name))
   net = profile(rate)
+  nets = ','.join([*([net] if net else []), fitted])
   base = [
     sys.executable, os.path.join(ROOT, 'experiments', 'train.py'),
     f'--config={os.path.join(ROOT, FLAGS.config)}', f'--workdir={workdir}',
     f'--config.steps={FLAGS.steps}', '--config.progress=False', '--config.eval_every=10',
     f'--config.checkpoint_every={FLAGS.steps}',
     f'--coordinator_address={hosts.addresses[0]}:23456', f'--num_processes={k}',
-    *flags_of(overrides), *([f'--config.network.profiles={net}'] if net else []),
+    *flags_of(overrides), f'--config.network.profiles={nets}',
   ]  # fmt: skip
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
   os.makedirs(workdir, exist_ok=True)
@@ -114,7 +120,35 @@ def run(hosts: netns.Hosts, name: str, overrides: dict, rate: str, devices: int)
     raise RuntimeError(f'{name} at {rate}: process {failed[0]} exited non-zero:\n{tail}')
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     records = [json.loads(line) for line in f]
-  return {'name': name, 'rate': rate, 'net': net, 'records': records, 'wall_s': wall}
+  return {
+    'name': name, 'rate': rate, 'net': net, 'fitted': fitted, 'records': records, 'wall_s': wall
+  }  # fmt: skip
+
+
+def calibrate(hosts: netns.Hosts) -> dict:
+  """α and β fitted to all-reduces across the hosts (experiments/calibrate_link.py)."""
+  script = os.path.join(ROOT, 'experiments', 'calibrate_link.py')
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
+  base = [sys.executable, script, f'--coordinator_address={hosts.addresses[0]}:23457',
+          f'--num_processes={hosts.k}']  # fmt: skip
+  procs = [
+    hosts.popen(
+      i,
+      [*base, f'--process_id={i}'],
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(hosts.k)
+  ]
+  outs = [p.communicate(timeout=FLAGS.timeout_s) for p in procs]
+  for i, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
+    if p.returncode != 0:
+      raise RuntimeError(f'calibration: process {i} exited non-zero:\n{err[-3000:]}')
+  fitted = json.loads(outs[0][0].strip().splitlines()[-1])
+  spec = f'{fitted["bandwidth"] * 8 / 1e9:.4g}gbps@{fitted["latency"] * 1e6:.4g}us'
+  return fitted | {'profile': spec}
 
 
 def _reached(records: list[dict], key: str, target: float | None) -> float | None:
@@ -134,6 +168,8 @@ def row(result: dict, target: float | None) -> dict:
   timed = records[FLAGS.skip :]
   measured = statistics.median(r['step_s'] for r in timed if r.get('step_s'))
   modelled = statistics.median(r[f'modelled_s@{net}'] for r in timed) if net else None
+  fitted_key = f'modelled_s@{result["fitted"]}'
+  fitted = statistics.median(r[fitted_key] for r in timed)
   final = [r['test_accuracy'] for r in records if r.get('test_accuracy') is not None][-1]
   seconds = lambda v: '-' if v is None else f'{v:.3f}'
   return {
@@ -144,8 +180,10 @@ def row(result: dict, target: float | None) -> dict:
     'measured': f'{measured:.4f}',
     'modelled': seconds(modelled),
     'ratio': '-' if modelled is None else f'{measured / modelled:.2f}',
+    'fitted': seconds(fitted),
+    'fitted_ratio': f'{measured / fitted:.2f}',
     'to_target': seconds(_reached(records, 'step_s', target)),
-    'to_target_model': seconds(_reached(records, f'modelled_s@{net}', target) if net else None),
+    'to_target_model': seconds(_reached(records, fitted_key, target)),
   }
 
 
@@ -157,8 +195,17 @@ COLUMNS = [
   ('measured', 'step s, measured'),
   ('modelled', 'step s, modelled'),
   ('ratio', 'measured ÷ modelled'),
+  ('fitted', 'step s, modelled on the fitted link'),
+  ('fitted_ratio', 'measured ÷ fitted'),
   ('to_target', "to first's acc, measured s"),
-  ('to_target_model', "to first's acc, modelled s"),
+  ('to_target_model', "to first's acc, modelled (fitted) s"),
+]
+LINK_COLUMNS = [
+  ('hosts', 'hosts'),
+  ('rate', 'link'),
+  ('fitted_mbit', 'fitted Mbit/s'),
+  ('fitted_latency', 'fitted latency µs'),
+  ('off', 'fitted ÷ configured'),
 ]
 
 
@@ -171,7 +218,7 @@ def main(argv):
   group = compare.load_group(FLAGS.variants)
   names = FLAGS.only or list(group.variants)
   workers = factory.load_config(FLAGS.config).workers
-  rows = []
+  rows, links = [], []
   for k in (int(h) for h in FLAGS.hosts):
     if workers % k:
       raise app.UsageError(f"--hosts {k} must divide the config's {workers} workers")
@@ -181,10 +228,18 @@ def main(argv):
         print(f'{k} hosts {hosts.names} at {rate}: {hosts.addresses}', flush=True)
         if FLAGS.dry_run:
           continue
+        fit = calibrate(hosts)
+        mbit_fit = fit['bandwidth'] * 8 / 1e6
+        links.append({
+          'hosts': k, 'rate': rate, 'fitted_mbit': f'{mbit_fit:,.1f}',
+          'fitted_latency': f'{fit["latency"] * 1e6:,.0f}',
+          'off': '-' if mbit is None else f'{mbit_fit / mbit:.3f}',
+        })  # fmt: skip
+        print(f'  fitted: {fit["profile"]}', flush=True)
         results = []
         for name in names:
           overrides = {**group.settings, **group.variants[name]}
-          results.append(run(hosts, name, overrides, rate, workers // k))
+          results.append(run(hosts, name, overrides, rate, workers // k, fit['profile']))
           print(f'  {name}: {results[-1]["wall_s"]:.0f} s', flush=True)
         finals = [r['test_accuracy'] for r in results[0]['records'] if 'test_accuracy' in r]
         target = finals[-1] if finals else None
@@ -192,11 +247,15 @@ def main(argv):
   if not rows:
     return
   title = f'{FLAGS.config}, {workers} workers on {FLAGS.hosts} hosts, {FLAGS.steps} steps'
+  link_title = 'the links: α and β fitted to all-reduces across the hosts (calibrate_link.py)'
+  print(f'\n{link_title}\n' + report.table(links, LINK_COLUMNS))
   print(f'\n{title}\n' + report.table(rows, COLUMNS))
   if FLAGS.results:
     command = ' '.join(['python', 'experiments/bench_network.py', *sys.argv[1:]])
+    parts = [report.provenance(command), f'{link_title}:', report.markdown(links, LINK_COLUMNS),
+             f'{title}:', report.markdown(rows, COLUMNS)]  # fmt: skip
     with open(FLAGS.results, 'w') as f:
-      f.write(f'{report.provenance(command)}\n\n{title}:\n\n{report.markdown(rows, COLUMNS)}\n')
+      f.write('\n\n'.join(parts) + '\n')
     print(f'results: {FLAGS.results}')
 
 
