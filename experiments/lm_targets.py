@@ -36,7 +36,7 @@ FLAGS = flags.FLAGS
 BSP, DILOCO, STREAMING, SPARSELOCO, ONEBIT = (
   'bsp', 'diloco50', 'streaming48_fp8', 'sparseloco50', 'onebit_adam'
 )  # fmt: skip
-FAMILY = ('diloco10', 'diloco50', 'streaming48_fp8', 'sparseloco50', 'sparseloco10')
+FAMILY = ('diloco10', 'diloco50', 'streaming48_fp8', 'sparseloco50', 'sparseloco10', 'demo')
 
 
 def _summary(name: str) -> dict | None:

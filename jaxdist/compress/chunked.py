@@ -9,8 +9,10 @@ exchange what they produce):
   Flax `DenseGeneral` kernel is flattened to fan-in x fan-out), and cut into
   h x w tiles, h and w the largest divisors of its rows and columns that are
   at most `chunk` (a vector: segments of w; a prime length: tiles of 1).
-- `dct` / `idct`: the separable orthonormal 2-D DCT-II of each tile
-  (`jax.scipy.fft.dctn`, norm 'ortho'), and its inverse.
+- `dct` / `idct`: the separable orthonormal 2-D DCT-II of each tile, and its
+  inverse, as two small matrix products per tile (C_h X C_w^T, at full
+  float32 precision): on a CPU about 4x faster than `jax.scipy.fft.dctn` on
+  64 x 64 tiles, which it equals to float32 rounding.
 - `topk_per_tile`: the k entries of largest magnitude in each tile.
 - `quantize` / `dequantize`: SparseLoCo's "statistical" quantiser, one per
   tensor over all its selected values: codes round (v - mean) / (range·σ/bins)
@@ -27,7 +29,7 @@ import math
 
 import jax
 import jax.numpy as jnp
-import jax.scipy.fft as jfft
+import numpy as np
 from jax import lax
 
 from jaxdist.compress.base import pack_bits, unpack_bits
@@ -69,14 +71,26 @@ def from_tiles(tiles_TxHxW: jax.Array, shape: tuple[int, ...], chunk: int) -> ja
   return grid.transpose(0, 2, 1, 3).reshape(shape)
 
 
+def dct_matrix(n: int) -> np.ndarray:
+  """The orthonormal DCT-II matrix C (n x n, float32): the DCT of a vector x is C x."""
+  k = np.arange(n)
+  c = np.sqrt(2.0 / n) * np.cos(np.pi * (2 * k[None, :] + 1) * k[:, None] / (2 * n))
+  c[0] /= np.sqrt(2.0)
+  return c.astype(np.float32)
+
+
 def dct(tiles_TxHxW: jax.Array) -> jax.Array:
-  """Orthonormal 2-D DCT-II of each tile (a 1-long side is left as it is)."""
-  return jfft.dctn(tiles_TxHxW, type=2, axes=(1, 2), norm='ortho')
+  """Orthonormal 2-D DCT-II of each tile, C_h X C_w^T (a 1-long side is left as it is)."""
+  h, w = tiles_TxHxW.shape[1:]
+  ch, cw = dct_matrix(h), dct_matrix(w)
+  return jnp.einsum('ij,tjk,lk->til', ch, tiles_TxHxW, cw, precision=lax.Precision.HIGHEST)
 
 
 def idct(coeffs_TxHxW: jax.Array) -> jax.Array:
-  """Inverse of `dct` (the orthonormal DCT-III of each tile)."""
-  return jfft.idctn(coeffs_TxHxW, type=2, axes=(1, 2), norm='ortho')
+  """Inverse of `dct` (the orthonormal DCT-III of each tile), C_h^T Y C_w."""
+  h, w = coeffs_TxHxW.shape[1:]
+  ch, cw = dct_matrix(h), dct_matrix(w)
+  return jnp.einsum('ji,tjk,kl->til', ch, coeffs_TxHxW, cw, precision=lax.Precision.HIGHEST)
 
 
 def kept_per_tile(tile_size: int, density: float) -> int:

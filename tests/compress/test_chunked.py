@@ -105,3 +105,13 @@ def test_12bit_layout_by_hand():
   np.testing.assert_array_equal(
     ck.pack_indices(jnp.array([0xABC, 0x123]), 4096), [0xBC, 0x3A, 0x12]
   )
+
+
+@pytest.mark.parametrize('shape', [(3, 64, 64), (2, 1, 16), (5, 8, 1), (1, 1, 1), (2, 48, 16)])
+def test_dct_is_scipy_s_orthonormal_dct_ii_and_idct_inverts_it(shape):
+  import jax.scipy.fft as jfft
+
+  x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+  want = jfft.dctn(x, type=2, axes=(1, 2), norm='ortho')
+  np.testing.assert_allclose(ck.dct(x), want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(ck.idct(ck.dct(x)), x, rtol=1e-5, atol=1e-5)
