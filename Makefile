@@ -12,7 +12,7 @@ LOCK := requirements.lock
 PIP_VERSION := 26.3
 UV_VERSION := 0.13.9
 
-.PHONY: run test lint format docs bench bench-lm bench-peers results results-lm clean lock wheel
+.PHONY: run test lint format docs bench bench-lm bench-network bench-peers results results-lm clean lock wheel
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ bench: $(VENV)/.installed
 bench-lm: $(VENV)/.installed
 	$(PY) experiments/bench_step.py --nolayouts --scaling= --overhead_params= --lm=all \
 	  --results=experiments/results/step_lm.md
+
+# Training over real, rate-limited links between network namespaces on this machine (root):
+# measured steps beside the modelled clock (experiments/bench_network.py)
+bench-network: $(VENV)/.installed
+	$(PY) experiments/bench_network.py --hosts=2 --rates=100,1000,unlimited \
+	  --results=experiments/results/network.md
 
 # jaxdist beside PyTorch DDP on the digits CNN: jaxdist's half, and DDP's beside it with
 # TORCH_PYTHON=path/to/torchenv/bin/python (a separate venv with torch; never this one)
