@@ -1,0 +1,57 @@
+"""Every family of methods trains the GPT on Shakespeare unchanged, and resumes elastically."""
+
+import math
+
+import pytest
+
+from jaxdist.train import checkpoint, factory, metrics, trainer
+
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+TOPK = {'sync.method': 'compressed_allreduce', 'compress.name': 'topk', 'compress.topk.ratio': 0.1}
+METHODS = {
+  'topk_ef': TOPK,
+  'gravac': {**TOPK, 'adaptive': 'gravac', 'gravac.window': 2},
+  'powersgd': {'sync.method': 'powersgd'},
+  'local_sgd': {'sync.method': 'local_sgd', 'sync.local_sgd.period': 2},
+  'selsync': {'sync.method': 'selsync'},
+  'gossip': {'sync.method': 'gossip'},
+  'streaming_diloco': {'sync.method': 'streaming_diloco'},
+  'sparseloco': {'sync.method': 'sparseloco', 'sync.sparseloco.period': 2},
+  'demo': {'sync.method': 'demo'},
+  'quantized_allreduce': {'sync.method': 'quantized_allreduce'},
+  'onebit_adam': {'sync.method': 'onebit_adam', 'sync.onebit_adam.warmup_steps': 2},
+  'zero_one_adam': {'sync.method': 'zero_one_adam', 'sync.zero_one_adam.var_freeze_step': 2},
+}
+
+
+def config_of(workers, steps, **overrides):
+  return factory.load_config(
+    f'{REPO}/configs/shakespeare_gpt.py:runlocal,workers={workers}',
+    **{'steps': steps, 'eval_every': steps, 'checkpoint_every': 2, 'noise_every': 0,
+       'progress': False, **overrides},
+  )  # fmt: skip
+
+
+@pytest.mark.parametrize('name', sorted(METHODS))
+def test_every_method_trains_the_language_model(name, tmp_path, data_dir, monkeypatch):
+  monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
+  summary = trainer.train_and_evaluate(config_of(4, 4, **METHODS[name]), str(tmp_path))
+  assert summary['unit'] == 'char' and summary['steps'] == 4
+  assert math.isfinite(summary['test_loss']) and summary['test_loss'] < math.log(84) + 0.1
+  records = metrics.read_jsonl(str(tmp_path / 'metrics.jsonl'))
+  assert all(math.isfinite(r['loss']) for r in records)
+
+
+def test_a_language_model_resumes_on_other_workers(tmp_path, data_dir, monkeypatch):
+  monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
+  trainer.train_and_evaluate(config_of(8, 2, **TOPK), str(tmp_path))
+  summary = trainer.train_and_evaluate(config_of(4, 4, **TOPK), str(tmp_path))
+  assert summary['workers'] == 4 and summary['steps_this_run'] == 2
+  _, meta = checkpoint.read(str(tmp_path / 'checkpoints'))
+  assert meta['step'] == 4 and meta['workers'] == 4
+  records = metrics.read_jsonl(str(tmp_path / 'metrics.jsonl'))
+  assert [r['step'] for r in records] == [1, 2, 3, 4]
+  assert all(math.isfinite(r['loss']) for r in records)
