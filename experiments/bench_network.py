@@ -12,12 +12,16 @@ run's own modelled clock prices the same steps on the link's rate
 torn down on exit, on error and on Ctrl-C.
 
 Per run: the measured median seconds of a step (process 0's wall clock, the
-first `--skip` steps left out), the modelled median, their ratio, and the
-measured and modelled time to the first variant's final test accuracy.
-The processes share this machine's cores, and each step's compute runs
-beside the other hosts' (the modelled clock's compute term is the run's own
-one-worker measurement): read the ratio at unlimited rate as the part the
-network leaves out.
+first `--skip` steps left out). The hosts share this machine's cores, so a
+step's compute here is all workers' compute on them, not one worker's as on
+a cluster; the comparison is therefore of communication: the measured
+communication of a step is its median minus the same variant's median at
+unlimited rate (the compute, and what the link adds at full speed), against
+the run's modelled communication (`comm_s@` the link's nominal rate, and on
+the link α and β fitted across the hosts, `calibrate_link.py`). The time to
+the first variant's final test accuracy is measured, and modelled as that
+many steps of the unlimited run's compute plus their modelled communication.
+'unlimited' must be among the rates for the communication columns.
 
   sudo python experiments/bench_network.py --hosts=2 --rates=100,unlimited \
       --results=experiments/results/network.md
@@ -151,39 +155,51 @@ def calibrate(hosts: netns.Hosts) -> dict:
   return fitted | {'profile': spec}
 
 
-def _reached(records: list[dict], key: str, target: float | None) -> float | None:
-  """Seconds of `key` summed over the steps up to the first evaluation at >= target."""
+def _median(records: list[dict], key: str) -> float:
+  return statistics.median(r.get(key) or 0.0 for r in records[FLAGS.skip :])
+
+
+def _steps_to(records: list[dict], target: float | None) -> int | None:
+  """Timed steps (after --skip) up to the first evaluation at >= target accuracy."""
   if target is None:
     return None
-  total = 0.0
-  for r in records[FLAGS.skip :]:
-    total += r.get(key) or 0.0
+  for i, r in enumerate(records[FLAGS.skip :]):
     if r.get('test_accuracy') is not None and r['test_accuracy'] >= target:
-      return total
+      return i + 1
   return None
 
 
-def row(result: dict, target: float | None) -> dict:
+def row(result: dict, free: dict | None, target: float | None) -> dict:
+  """A run's line; `free` is the same variant's run at unlimited rate (its compute)."""
   records, net = result['records'], result['net']
-  timed = records[FLAGS.skip :]
-  measured = statistics.median(r['step_s'] for r in timed if r.get('step_s'))
-  modelled = statistics.median(r[f'modelled_s@{net}'] for r in timed) if net else None
-  fitted_key = f'modelled_s@{result["fitted"]}'
-  fitted = statistics.median(r[fitted_key] for r in timed)
+  measured = _median(records, 'step_s')
+  compute = _median(free['records'], 'step_s') if free else None
+  comm = None if compute is None else max(measured - compute, 0.0)
+  nominal = _median(records, f'comm_s@{net}') if net else None
+  fitted = _median(records, f'comm_s@{result["fitted"]}')
   final = [r['test_accuracy'] for r in records if r.get('test_accuracy') is not None][-1]
-  seconds = lambda v: '-' if v is None else f'{v:.3f}'
+  steps = _steps_to(records, target)
+  ratio = lambda a, b: '-' if a is None or not b else f'{a / b:.2f}'
+  seconds = lambda v: '-' if v is None else f'{v:.4f}'
+  to_target = None
+  if steps is not None:
+    to_target = sum(r['step_s'] or 0.0 for r in records[FLAGS.skip :][:steps])
+  modelled_to = None
+  if steps is not None and compute is not None:
+    comm_key = f'comm_s@{net or result["fitted"]}'
+    modelled_to = steps * compute + sum(r[comm_key] for r in records[FLAGS.skip :][:steps])
   return {
     'variant': result['name'],
     'rate': result['rate'] if net is None else f'{result["rate"]} Mbit/s',
     'acc': f'{final:.4f}',
     'sent': f'{statistics.mean(r["sent_bytes"] for r in records):,.0f}',
-    'measured': f'{measured:.4f}',
-    'modelled': seconds(modelled),
-    'ratio': '-' if modelled is None else f'{measured / modelled:.2f}',
+    'measured': seconds(measured),
+    'comm': seconds(comm) if net else '-',
+    'nominal': seconds(nominal),
+    'ratio': ratio(comm, nominal) if net else '-',
     'fitted': seconds(fitted),
-    'fitted_ratio': f'{measured / fitted:.2f}',
-    'to_target': seconds(_reached(records, 'step_s', target)),
-    'to_target_model': seconds(_reached(records, fitted_key, target)),
+    'to_target': seconds(to_target),
+    'to_target_model': seconds(modelled_to),
   }
 
 
@@ -193,12 +209,12 @@ COLUMNS = [
   ('acc', 'test acc'),
   ('sent', 'sent B/worker/step'),
   ('measured', 'step s, measured'),
-  ('modelled', 'step s, modelled'),
+  ('comm', 'comm s, measured'),
+  ('nominal', 'comm s, modelled'),
   ('ratio', 'measured ÷ modelled'),
-  ('fitted', 'step s, modelled on the fitted link'),
-  ('fitted_ratio', 'measured ÷ fitted'),
+  ('fitted', 'comm s, modelled on the fitted link'),
   ('to_target', "to first's acc, measured s"),
-  ('to_target_model', "to first's acc, modelled (fitted) s"),
+  ('to_target_model', "to first's acc, modelled s"),
 ]
 LINK_COLUMNS = [
   ('hosts', 'hosts'),
@@ -222,6 +238,7 @@ def main(argv):
   for k in (int(h) for h in FLAGS.hosts):
     if workers % k:
       raise app.UsageError(f"--hosts {k} must divide the config's {workers} workers")
+    runs = {}
     for rate in FLAGS.rates:
       mbit = None if rate == 'unlimited' else float(rate)
       with netns.Hosts(k, mbit) as hosts:
@@ -243,7 +260,10 @@ def main(argv):
           print(f'  {name}: {results[-1]["wall_s"]:.0f} s', flush=True)
         finals = [r['test_accuracy'] for r in results[0]['records'] if 'test_accuracy' in r]
         target = finals[-1] if finals else None
-        rows += [row(r, target) for r in results]
+        runs[rate] = (results, target)
+    free = {r['name']: r for r in runs.get('unlimited', ([], None))[0]}
+    for results, target in runs.values():
+      rows += [row(r, free.get(r['name']), target) for r in results]
   if not rows:
     return
   title = f'{FLAGS.config}, {workers} workers on {FLAGS.hosts} hosts, {FLAGS.steps} steps'

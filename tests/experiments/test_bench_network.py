@@ -103,7 +103,7 @@ def test_two_hosts_train_over_the_link(tmp_path, data_dir):
   )  # fmt: skip
   assert proc.returncode == 0, proc.stderr[-4000:]
   text = results.read_text()
-  rows = [line for line in text.splitlines() if line.startswith('| dense') or 'local4' in line]
+  rows = [line for line in text.splitlines() if line.startswith(('| dense |', '| local4 |'))]
   assert len(rows) == 2, text
   for line in rows:
     measured = float(line.split('|')[5])

@@ -14,16 +14,13 @@ TOPK = {'sync.method': 'compressed_allreduce', 'compress.name': 'topk', 'compres
 METHODS = {
   'topk_ef': TOPK,
   'gravac': {**TOPK, 'adaptive': 'gravac', 'gravac.window': 2},
-  'powersgd': {'sync.method': 'powersgd'},
   'local_sgd': {'sync.method': 'local_sgd', 'sync.local_sgd.period': 2},
   'selsync': {'sync.method': 'selsync'},
-  'gossip': {'sync.method': 'gossip'},
   'streaming_diloco': {'sync.method': 'streaming_diloco'},
   'sparseloco': {'sync.method': 'sparseloco', 'sync.sparseloco.period': 2},
   'demo': {'sync.method': 'demo'},
   'quantized_allreduce': {'sync.method': 'quantized_allreduce'},
   'onebit_adam': {'sync.method': 'onebit_adam', 'sync.onebit_adam.warmup_steps': 2},
-  'zero_one_adam': {'sync.method': 'zero_one_adam', 'sync.zero_one_adam.var_freeze_step': 2},
 }
 
 
