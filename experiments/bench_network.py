@@ -15,8 +15,8 @@ Per run: the measured median seconds of a step (process 0's wall clock, the
 first `--skip` steps left out). The hosts share this machine's cores, so a
 step's compute here is all workers' compute on them, not one worker's as on
 a cluster; the comparison is therefore of communication: the measured
-communication of a step is its median minus the same variant's median at
-unlimited rate (the compute, and what the link adds at full speed), against
+communication of a step is its mean minus the same variant's mean at
+unlimited rate (means: a periodic method communicates on few steps) (the compute, and what the link adds at full speed), against
 the run's modelled communication (`comm_s@` the link's nominal rate, and on
 the link α and β fitted across the hosts, `calibrate_link.py`). The time to
 the first variant's final test accuracy is measured, and modelled as that
@@ -159,6 +159,10 @@ def _median(records: list[dict], key: str) -> float:
   return statistics.median(r.get(key) or 0.0 for r in records[FLAGS.skip :])
 
 
+def _mean(records: list[dict], key: str) -> float:
+  return statistics.mean(r.get(key) or 0.0 for r in records[FLAGS.skip :])
+
+
 def _steps_to(records: list[dict], target: float | None) -> int | None:
   """Timed steps (after --skip) up to the first evaluation at >= target accuracy."""
   if target is None:
@@ -174,9 +178,10 @@ def row(result: dict, free: dict | None, target: float | None) -> dict:
   records, net = result['records'], result['net']
   measured = _median(records, 'step_s')
   compute = _median(free['records'], 'step_s') if free else None
-  comm = None if compute is None else max(measured - compute, 0.0)
-  nominal = _median(records, f'comm_s@{net}') if net else None
-  fitted = _median(records, f'comm_s@{result["fitted"]}')
+  # means over the steps: a periodic method communicates on few of them
+  comm = None if free is None else _mean(records, 'step_s') - _mean(free['records'], 'step_s')
+  nominal = _mean(records, f'comm_s@{net}') if net else None
+  fitted = _mean(records, f'comm_s@{result["fitted"]}')
   final = [r['test_accuracy'] for r in records if r.get('test_accuracy') is not None][-1]
   steps = _steps_to(records, target)
   ratio = lambda a, b: '-' if a is None or not b else f'{a / b:.2f}'
@@ -209,10 +214,10 @@ COLUMNS = [
   ('acc', 'test acc'),
   ('sent', 'sent B/worker/step'),
   ('measured', 'step s, measured'),
-  ('comm', 'comm s, measured'),
-  ('nominal', 'comm s, modelled'),
+  ('comm', 'comm s/step, measured'),
+  ('nominal', 'comm s/step, modelled'),
   ('ratio', 'measured ÷ modelled'),
-  ('fitted', 'comm s, modelled on the fitted link'),
+  ('fitted', 'comm s/step, modelled on the fitted link'),
   ('to_target', "to first's acc, measured s"),
   ('to_target_model', "to first's acc, modelled s"),
 ]
