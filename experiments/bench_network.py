@@ -16,7 +16,8 @@ first `--skip` steps left out). The hosts share this machine's cores, so a
 step's compute here is all workers' compute on them, not one worker's as on
 a cluster; the comparison is therefore of communication: the measured
 communication of a step is its mean minus the same variant's mean at
-unlimited rate (means: a periodic method communicates on few steps) (the compute, and what the link adds at full speed), against
+unlimited rate (the compute, and what the link adds at full speed; means: a
+periodic method communicates on few steps), against
 the run's modelled communication (`comm_s@` the link's nominal rate, and on
 the link α and β fitted across the hosts, `calibrate_link.py`). The time to
 the first variant's final test accuracy is measured, and modelled as that
@@ -90,7 +91,7 @@ def run(
   base = [
     sys.executable, os.path.join(ROOT, 'experiments', 'train.py'),
     f'--config={os.path.join(ROOT, FLAGS.config)}', f'--workdir={workdir}',
-    f'--config.steps={FLAGS.steps}', '--config.progress=False', '--config.eval_every=10',
+    f'--config.steps={FLAGS.steps}', '--config.progress=False', '--config.eval_every=10', '--fresh',
     f'--config.checkpoint_every={FLAGS.steps}',
     f'--coordinator_address={hosts.addresses[0]}:23456', f'--num_processes={k}',
     *flags_of(overrides), f'--config.network.profiles={nets}',
