@@ -106,7 +106,9 @@ def onebit_adam(
       length and the payload depend on it).
     warmup_steps: steps of dense Adam before the variance freezes, >= 1
       (DeepSpeed's `freeze_step`; its tutorial: 15–25 % of the run).
-    b1, b2, eps: Adam's.
+    b1: Adam's decay of the first moment.
+    b2: Adam's decay of the second moment.
+    eps: Adam's epsilon.
     weight_decay: λ, decoupled (AdamW's), inside the learning rate.
     bias_correction: Adam's bias correction (DeepSpeed: none).
     clip: the bound on |d| per entry once v is frozen (0: none, as DeepSpeed).

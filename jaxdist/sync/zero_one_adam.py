@@ -129,7 +129,9 @@ def zero_one_adam(
     local_step_scaler: second-phase steps at each local interval before it
       doubles.
     local_step_clipper: H, the largest local interval.
-    b1, b2, eps: Adam's.
+    b1: Adam's decay of the first moment.
+    b2: Adam's decay of the second moment.
+    eps: Adam's epsilon.
     weight_decay: λ, decoupled (AdamW's), inside the learning rate.
     bias_correction: Adam's bias correction (DeepSpeed: none).
     clip: the bound on |d| per entry when v is stale or frozen (0: none).

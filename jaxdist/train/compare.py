@@ -249,7 +249,7 @@ def table_columns(
   also has its modelled seconds and cost on each. Optional columns appear when
   a row has them.
   """
-  target, loss = f'{rows[0]["target"]:.4f}', rows[0]['metric'] == 'test_loss'
+  target, loss = f'{rows[0]["target"]:.4f}', rows[0].get('metric') == 'test_loss'
   per_run = (LOSS_RUN_COLUMNS if loss else RUN_COLUMNS) + tuple(
     Column(f'tta@{n}', f'time to {target} @{n}', 'time to L @NET' if loss else 'time to A @NET')
     for n in networks
