@@ -54,7 +54,7 @@ flags.DEFINE_integer('skip', 3, 'First steps left out of the medians (compiling,
 flags.DEFINE_float('latency_us', 100.0, "The modelled network's latency (netem is not here).")
 flags.DEFINE_integer('timeout_s', 600, 'Seconds a run may take before it is killed.')
 flags.DEFINE_string('workdir', 'workdir/network', 'Where the runs write.')
-flags.DEFINE_string('results', None, 'Also write the markdown table here.')
+flags.DEFINE_string('results', None, 'Also write the markdown table here, and a plot beside it.')
 flags.DEFINE_bool('dry_run', False, 'Build the hosts, print them, tear them down (no training).')
 FLAGS = flags.FLAGS
 
@@ -231,6 +231,30 @@ LINK_COLUMNS = [
 ]
 
 
+def plot(rows: list[dict], path: str) -> None:
+  """Measured against modelled communication per step, a point per run on a limited link."""
+  from matplotlib.figure import Figure
+
+  fig = Figure(figsize=(5.5, 5))
+  ax = fig.subplots()
+  points = [r for r in rows if r['comm'] != '-' and r['nominal'] != '-']
+  for link in sorted({r['rate'] for r in points}):
+    mine = [r for r in points if r['rate'] == link and float(r['nominal']) > 0]
+    xs = [1e3 * float(r['nominal']) for r in mine]
+    ys = [1e3 * max(float(r['comm']), 1e-4) for r in mine]  # at most 0.1 ms: drawn at 0.1 ms
+    ax.scatter(xs, ys, label=link)
+    for x, y, r in zip(xs, ys, mine, strict=True):
+      ax.annotate(r['variant'], (x, y), fontsize=6, xytext=(3, 2), textcoords='offset points')
+  top = max([1.0, *(1e3 * float(r['nominal']) for r in points)]) * 2
+  ax.plot([0.1, top], [0.1, top], color='gray', ls='--', lw=1, label='measured = modelled')
+  ax.set(xscale='log', yscale='log', xlabel='modelled communication per step (ms)',
+         ylabel='measured communication per step (ms)')  # fmt: skip
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
 def main(argv):
   del argv
   from jaxdist.train import compare, factory, report
@@ -282,6 +306,7 @@ def main(argv):
              f'{title}:', report.markdown(rows, COLUMNS)]  # fmt: skip
     with open(FLAGS.results, 'w') as f:
       f.write('\n\n'.join(parts) + '\n')
+    plot(rows, FLAGS.results.removesuffix('.md') + '.png')
     print(f'results: {FLAGS.results}')
 
 
