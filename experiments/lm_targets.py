@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 
 from absl import app, flags
@@ -36,6 +35,7 @@ FLAGS = flags.FLAGS
 BSP, DILOCO, STREAMING, SPARSELOCO, ONEBIT = (
   'bsp', 'diloco50', 'streaming48_fp8', 'sparseloco50', 'onebit_adam'
 )  # fmt: skip
+STREAMING_METHOD = 'streaming_diloco'
 FAMILY = ('diloco10', 'diloco50', 'streaming48_fp8', 'sparseloco50', 'sparseloco10', 'demo')
 
 
@@ -75,10 +75,11 @@ def _step_ratios(path: str) -> dict[str, float]:
 
 def _fragments() -> int:
   """P of the streaming variant, from the variants file."""
-  with open(FLAGS.variants) as f:
-    text = f.read()
-  match = re.search(r'fragments=(\d+)', text)
-  return int(match[1]) if match else 0
+  from jaxdist.train import compare
+
+  return compare.load_group(FLAGS.variants).variants[STREAMING]['sync'][STREAMING_METHOD][
+    'fragments'
+  ]
 
 
 def rows() -> list[dict[str, str]]:

@@ -26,7 +26,7 @@ from jaxdist.data import digits as digits_lib
 from jaxdist.data import shakespeare as shakespeare_lib
 
 BUNDLED = ('digits', 'shakespeare')
-CHUNK = 4096  # records read per call
+_CHUNK = 4096  # records read per call
 
 
 class DatasetError(ValueError):
@@ -271,10 +271,15 @@ def _build_bundled(builder: tfds.core.DatasetBuilder, data_dir: str) -> None:
       builder.download_and_prepare(file_format='array_record')
 
 
+def record_chunks(source):
+  """A random-access source's records, in order, as lists of at most 4,096 (one read each)."""
+  for start in range(0, len(source), _CHUNK):
+    yield source.__getitems__(list(range(start, min(start + _CHUNK, len(source)))))
+
+
 def _read_split(source, image_key: str, label_key: str) -> Split:
   images, labels = [], []
-  for start in range(0, len(source), CHUNK):
-    records = source.__getitems__(list(range(start, min(start + CHUNK, len(source)))))
+  for records in record_chunks(source):
     images.append(np.stack([r[image_key] for r in records]))
     labels.append(np.asarray([r[label_key] for r in records], np.int32))
   images = np.concatenate(images)

@@ -45,9 +45,7 @@ class Text:
 
   def encode(self, text: str) -> np.ndarray:
     """`text` as token ids (a character outside the vocabulary is an error)."""
-    if self.level == 'byte':
-      return np.frombuffer(text.encode('utf-8'), np.uint8).astype(np.int32)
-    return _char_ids(text, self.chars)
+    return _ids(text, self.chars)
 
   def decode(self, ids) -> str:
     """Token ids as text (bytes that are not valid UTF-8 become U+FFFD)."""
@@ -92,15 +90,15 @@ def load_text(
     raise ValueError(f'level must be one of {LEVELS}, got {level!r}')
   data_dir = data_dir or loader.default_data_dir()
   train, validation = _read(name, data_dir, download, train_split, validation_split, text_key)
-  if level == 'byte':
-    as_bytes = lambda s: np.frombuffer(s.encode('utf-8'), np.uint8).astype(np.int32)
-    return Text(as_bytes(train), as_bytes(validation), 256, level)
-  chars = ''.join(sorted(set(train) | set(validation)))
-  return Text(_char_ids(train, chars), _char_ids(validation, chars), len(chars), level, chars)
+  chars = '' if level == 'byte' else ''.join(sorted(set(train) | set(validation)))
+  vocab_size = len(chars) if chars else 256
+  return Text(_ids(train, chars), _ids(validation, chars), vocab_size, level, chars)
 
 
-def _char_ids(text: str, chars: str) -> np.ndarray:
-  """Ids of `text`'s characters in the sorted vocabulary `chars`."""
+def _ids(text: str, chars: str) -> np.ndarray:
+  """Ids of `text`: its UTF-8 bytes where `chars` is '', else its characters in `chars`."""
+  if not chars:
+    return np.frombuffer(text.encode('utf-8'), np.uint8).astype(np.int32)
   points = np.frombuffer(text.encode('utf-32-le'), np.uint32)
   vocab = np.frombuffer(chars.encode('utf-32-le'), np.uint32)
   ids = np.searchsorted(vocab, points)
@@ -126,17 +124,12 @@ def _read(
   sources = loader.sources(name, builder, data_dir, download, (train_split, validation_split))
   out = []
   for split, source in zip((train_split, validation_split), sources, strict=True):
-    docs = [r[key] for r in _records(source)]
+    docs = [r[key] for records in loader.record_chunks(source) for r in records]
     text = '\n'.join(d.decode('utf-8') if isinstance(d, bytes) else str(d) for d in docs)
     if not text:
       raise loader.DatasetError(f'dataset {name!r}: split {split!r} has no text')
     out.append(text)
   return out[0], out[1]
-
-
-def _records(source):
-  for start in range(0, len(source), loader.CHUNK):
-    yield from source.__getitems__(list(range(start, min(start + loader.CHUNK, len(source)))))
 
 
 def _text_key(name: str, features, text_key: str | None) -> str:

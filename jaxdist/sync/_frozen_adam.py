@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -12,8 +11,6 @@ import optax
 from jaxdist import comm
 from jaxdist.sync import _checks
 from jaxdist.sync.onebit_allreduce import chunk_sizes
-
-ScalarOrSchedule = float | Callable[[jax.Array], jax.Array]
 
 
 def check_common(learning_rate, num_workers, b1, b2, eps, weight_decay, clip) -> None:
@@ -36,7 +33,7 @@ def workers(name: str, axis_name: comm.AxisName, num_workers: int) -> int:
   return n
 
 
-def rate(learning_rate: ScalarOrSchedule, count: jax.Array) -> jax.Array:
+def rate(learning_rate: optax.ScalarOrSchedule, count: jax.Array) -> jax.Array:
   """The learning rate of the step after `count` steps (optax's convention)."""
   value = learning_rate(count) if callable(learning_rate) else learning_rate
   return jnp.asarray(value, jnp.float32)

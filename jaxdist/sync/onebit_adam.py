@@ -44,7 +44,7 @@ class OneBitAdamState(NamedTuple):
 
 
 def onebit_adam(
-  learning_rate: fa.ScalarOrSchedule,
+  learning_rate: optax.ScalarOrSchedule,
   *,
   axis_name: comm.AxisName,
   num_workers: int,

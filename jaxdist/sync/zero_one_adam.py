@@ -62,7 +62,7 @@ class ZeroOneAdamState(NamedTuple):
 
 
 def zero_one_adam(
-  learning_rate: fa.ScalarOrSchedule,
+  learning_rate: optax.ScalarOrSchedule,
   *,
   axis_name: comm.AxisName,
   num_workers: int,

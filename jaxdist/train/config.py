@@ -98,6 +98,22 @@ def _diloco_family(s: ml_collections.ConfigDict) -> None:
     outer_optimizer=optimizer('sgd', 0.7, momentum=0.9, nesterov=True),
     averager='',
   )
+  # SparseLoCo (arXiv 2508.15706): DiLoCo with outer SGD on an error-fed pseudo-gradient, Top-k
+  # per 64x64 tile (density 0.03125 = 128 of 4,096), 2-bit values, all-gathered. The authors'
+  # 512M runs: H 15, outer lr 1, error decay 0.95.
+  s.sparseloco = dict(
+    period=15,
+    density=0.03125,
+    bits=2,  # 1, 2, 4 or 8; 32: float32 values, not quantised
+    chunk=64,
+    error_decay=0.95,
+    outer_learning_rate=1.0,
+    value_range=6.0,  # the quantiser's range in standard deviations
+    average='selected',  # the code's mean over the workers that sent an entry | 'all' (1/N)
+  )
+  # DeMo (arXiv 2411.19870) is the whole optimizer: config.optimizer's learning-rate schedule
+  # is its learning_rate (sign steps: about 1e-3 to 3e-4 where AdamW would take 1e-3).
+  s.demo = dict(momentum_decay=0.999, topk=32, chunk=64, sign=True, weight_decay=0.0)
 
 
 def sync() -> ml_collections.ConfigDict:
@@ -172,27 +188,6 @@ def sync() -> ml_collections.ConfigDict:
   # device's model, its residual kept per worker, the optimizer once per device; a run
   # with it resumes only a checkpoint of the same workers, devices and per_worker).
   s.per_worker = 'auto'
-  return _compressed_outer_step(s)
-
-
-def _compressed_outer_step(s: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`s` with the sections of SparseLoCo and DeMo (the DiLoCo family's compressed outer step)."""
-  # SparseLoCo (arXiv 2508.15706): DiLoCo with outer SGD on an error-fed pseudo-gradient, Top-k
-  # per 64x64 tile (density 0.03125 = 128 of 4,096), 2-bit values, all-gathered. The authors'
-  # 512M runs: H 15, outer lr 1, error decay 0.95.
-  s.sparseloco = dict(
-    period=15,
-    density=0.03125,
-    bits=2,  # 1, 2, 4 or 8; 32: float32 values, not quantised
-    chunk=64,
-    error_decay=0.95,
-    outer_learning_rate=1.0,
-    value_range=6.0,  # the quantiser's range in standard deviations
-    average='selected',  # the code's mean over the workers that sent an entry | 'all' (1/N)
-  )
-  # DeMo (arXiv 2411.19870) is the whole optimizer: config.optimizer's learning-rate schedule
-  # is its learning_rate (sign steps: about 1e-3 to 3e-4 where AdamW would take 1e-3).
-  s.demo = dict(momentum_decay=0.999, topk=32, chunk=64, sign=True, weight_decay=0.0)
   return s
 
 
