@@ -12,26 +12,40 @@ run's own modelled clock prices the same steps on the link's rate
 torn down on exit, on error and on Ctrl-C.
 
 Per run: the measured median seconds of a step (process 0's wall clock, the
-first `--skip` steps left out). The hosts share this machine's cores, so a
+first `--skip` steps and those that evaluate left out). The hosts share this machine's cores, so a
 step's compute here is all workers' compute on them, not one worker's as on
 a cluster; the comparison is therefore of communication: the measured
 communication of a step is its mean minus the same variant's mean at
 unlimited rate (the compute, and what the link adds at full speed; means: a
 periodic method communicates on few steps), against
 the run's modelled communication (`comm_s@` the link's nominal rate, and on
-the link α and β fitted across the hosts, `calibrate_link.py`). The time to
-the first variant's final test accuracy is measured, and modelled as that
-many steps of the unlimited run's compute plus their modelled communication.
-'unlimited' must be among the rates for the communication columns.
+the link α and β fitted across the hosts with the runs' layout,
+`calibrate_link.py`). Where the two differ by more than 15 %, a note under
+the table says why, from the run's own figures: the difference is within
+the steps' noise, or it is spread over the step's collectives beside what
+one collective's α costs. The time to `--target` accuracy (default: the
+first variant's final one on that link) is measured, divided by the first
+variant's, and modelled as that many steps of the unlimited run's compute
+plus their modelled communication. 'unlimited' must be among the rates for
+the communication columns.
+
+With `--torch_python` (a Python with torch and scikit-learn), the peers'
+PyTorch DDP (`../shared/peers/torch_ddp_digits.py`, `--peers_dir`) trains
+the same work over the same links after jaxdist's runs, its ranks spread
+over the hosts as jaxdist's workers are (`ddp_hosts.py`): dense, PowerSGD
+rank 2 and local SGD, each beside jaxdist's variant of that name.
 
   sudo python experiments/bench_network.py --hosts=2 --rates=100,unlimited \
       --results=experiments/results/network.md
+  sudo python experiments/bench_network.py --hosts=2,4,8 --rates=100,unlimited \
+      --only=dense,powersgd2,local4 --torch_python=/work/torchenv/bin/python
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,6 +57,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import netns  # noqa: E402  (experiments/netns.py, beside this script)
+import peer_ddp  # noqa: E402
 
 flags.DEFINE_list('hosts', ['2'], 'Numbers of hosts (network namespaces, one process each).')
 flags.DEFINE_list('rates', ['100', 'unlimited'], "Link rates in Mbit/s, or 'unlimited'.")
@@ -56,6 +71,13 @@ flags.DEFINE_integer('timeout_s', 600, 'Seconds a run may take before it is kill
 flags.DEFINE_string('workdir', 'workdir/network', 'Where the runs write.')
 flags.DEFINE_string('results', None, 'Also write the markdown table here, and a plot beside it.')
 flags.DEFINE_bool('dry_run', False, 'Build the hosts, print them, tear them down (no training).')
+flags.DEFINE_float(
+  'target', None, "Accuracy the time-to columns time (default: the first variant's final)."
+)
+flags.DEFINE_string(
+  'torch_python', None, "A Python with torch: also run the peers' DDP over the links."
+)
+flags.DEFINE_string('peers_dir', peer_ddp.PEERS_DIR, f'The folder holding {peer_ddp.PEER_SCRIPT}.')
 FLAGS = flags.FLAGS
 
 
@@ -75,6 +97,28 @@ def flags_of(overrides: dict, prefix: str = 'config') -> list[str]:
     else:
       out.append(f'--{prefix}.{key}={value}')
   return out
+
+
+def launch(hosts: netns.Hosts, commands: list[list[str]], logdir: str, env: dict) -> None:
+  """Runs commands[i] in host i, each writing `logdir/process<i>.log`; raises if one fails."""
+  os.makedirs(logdir, exist_ok=True)
+  logs = [open(os.path.join(logdir, f'process{i}.log'), 'w') for i in range(hosts.k)]  # noqa: SIM115
+  deadline = time.perf_counter() + FLAGS.timeout_s
+  try:
+    procs = [
+      hosts.popen(i, cmd, env=env, stdout=logs[i], stderr=subprocess.STDOUT)
+      for i, cmd in enumerate(commands)
+    ]
+    for p in procs:
+      p.wait(timeout=max(1.0, deadline - time.perf_counter()))
+  finally:
+    for f in logs:
+      f.close()
+  failed = [i for i, p in enumerate(procs) if p.returncode != 0]
+  if failed:
+    with open(os.path.join(logdir, f'process{failed[0]}.log')) as f:
+      tail = f.read()[-3000:]
+    raise RuntimeError(f'{logdir}: process {failed[0]} exited non-zero:\n{tail}')
 
 
 def run(
@@ -97,45 +141,61 @@ def run(
     *flags_of(overrides), f'--config.network.profiles={nets}',
   ]  # fmt: skip
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
-  os.makedirs(workdir, exist_ok=True)
-  logs = [open(os.path.join(workdir, f'process{i}.log'), 'w') for i in range(k)]  # noqa: SIM115
   start = time.perf_counter()
-  try:
-    procs = [
-      hosts.popen(
-        i,
-        [*base, f'--process_id={i}', f'--cpu_devices={devices}'],
-        env=env,
-        stdout=logs[i],
-        stderr=subprocess.STDOUT,
-      )
-      for i in range(k)
-    ]
-    deadline = start + FLAGS.timeout_s
-    for p in procs:
-      p.wait(timeout=max(1.0, deadline - time.perf_counter()))
-  finally:
-    for f in logs:
-      f.close()
+  commands = [[*base, f'--process_id={i}', f'--cpu_devices={devices}'] for i in range(k)]
+  launch(hosts, commands, workdir, env)
   wall = time.perf_counter() - start
-  failed = [i for i, p in enumerate(procs) if p.returncode != 0]
-  if failed:
-    with open(os.path.join(workdir, f'process{failed[0]}.log')) as f:
-      tail = f.read()[-3000:]
-    raise RuntimeError(f'{name} at {rate}: process {failed[0]} exited non-zero:\n{tail}')
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     records = [json.loads(line) for line in f]
   return {
-    'name': name, 'rate': rate, 'net': net, 'fitted': fitted, 'records': records, 'wall_s': wall
+    'name': name, 'hosts': k, 'rate': rate, 'net': net, 'fitted': fitted, 'records': records,
+    'wall_s': wall,
   }  # fmt: skip
 
 
-def calibrate(hosts: netns.Hosts) -> dict:
-  """α and β fitted to all-reduces across the hosts (experiments/calibrate_link.py)."""
+def run_ddp(hosts: netns.Hosts, method: str, rate: str, workers: int, tries: int = 2) -> dict:
+  """The peers' DDP run of `method`, its `workers` ranks spread over `hosts` (ddp_hosts.py).
+
+  Its JSON line (host 0's), with an 'error' key if a host failed `tries` times
+  (gloo sometimes aborts a rank while the process group is torn down, after
+  the run's figures are in).
+  """
+  line = {}
+  for _ in range(tries):
+    line = _ddp_once(hosts, method, rate, workers)
+    if peer_ddp.ok(line):
+      break
+  return line
+
+
+def _ddp_once(hosts: netns.Hosts, method: str, rate: str, workers: int) -> dict:
+  workdir = os.path.abspath(os.path.join(FLAGS.workdir, f'k{hosts.k}_{rate}', f'ddp_{method}'))
+  shutil.rmtree(workdir, ignore_errors=True)
+  script = os.path.join(ROOT, 'experiments', 'ddp_hosts.py')
+  peer = ['--world_size', str(workers), '--steps', str(FLAGS.steps), '--match_jaxdist',
+          *peer_ddp.DDP_ARGS[method], '--timeout_s', str(FLAGS.timeout_s)]  # fmt: skip
+  commands = [
+    [FLAGS.torch_python, script, f'--host={i}', f'--hosts={hosts.k}',
+     f'--store={os.path.join(workdir, "store")}', '--', *peer]
+    for i in range(hosts.k)
+  ]  # fmt: skip
+  try:
+    launch(hosts, commands, workdir, dict(os.environ, JAXDIST_PEERS_DIR=FLAGS.peers_dir))
+  except (RuntimeError, subprocess.TimeoutExpired) as e:
+    return {'error': str(e)[-500:]}
+  with open(os.path.join(workdir, 'process0.log')) as f:
+    return peer_ddp.result(0, f.read(), '')
+
+
+def calibrate(hosts: netns.Hosts, devices: int) -> dict:
+  """α and β fitted to all-reduces across the hosts, `devices` workers on each (calibrate_link.py).
+
+  The runs' layout: the fitted ring of all the workers is what their modelled clock prices.
+  """
   script = os.path.join(ROOT, 'experiments', 'calibrate_link.py')
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
   base = [sys.executable, script, f'--coordinator_address={hosts.addresses[0]}:23457',
-          f'--num_processes={hosts.k}']  # fmt: skip
+          f'--num_processes={hosts.k}', f'--cpu_devices={devices}']  # fmt: skip
   procs = [
     hosts.popen(
       i,
@@ -156,12 +216,17 @@ def calibrate(hosts: netns.Hosts) -> dict:
   return fitted | {'profile': spec}
 
 
+def _timed(records: list[dict]) -> list[dict]:
+  """The steps the figures use: after --skip, less those that evaluated (their time holds it)."""
+  return [r for r in records[FLAGS.skip :] if r.get('test_accuracy') is None]
+
+
 def _median(records: list[dict], key: str) -> float:
-  return statistics.median(r.get(key) or 0.0 for r in records[FLAGS.skip :])
+  return statistics.median(r.get(key) or 0.0 for r in _timed(records))
 
 
 def _mean(records: list[dict], key: str) -> float:
-  return statistics.mean(r.get(key) or 0.0 for r in records[FLAGS.skip :])
+  return statistics.mean(r.get(key) or 0.0 for r in _timed(records))
 
 
 def _steps_to(records: list[dict], target: float | None) -> int | None:
@@ -174,13 +239,24 @@ def _steps_to(records: list[dict], target: float | None) -> int | None:
   return None
 
 
+def _stderr(records: list[dict]) -> float:
+  """The standard error of the mean step."""
+  times = [r.get('step_s') or 0.0 for r in _timed(records)]
+  return statistics.stdev(times) / len(times) ** 0.5 if len(times) > 1 else float('inf')
+
+
 def row(result: dict, free: dict | None, target: float | None) -> dict:
-  """A run's line; `free` is the same variant's run at unlimited rate (its compute)."""
+  """A run's line; `free` is the same variant's run at unlimited rate (its compute).
+
+  Beside the cells (strings), the figures the notes and ratios use, under keys
+  starting with '_'.
+  """
   records, net = result['records'], result['net']
   measured = _median(records, 'step_s')
   compute = _median(free['records'], 'step_s') if free else None
   # means over the steps: a periodic method communicates on few of them
   comm = None if free is None else _mean(records, 'step_s') - _mean(free['records'], 'step_s')
+  noise = None if free is None else (_stderr(records) ** 2 + _stderr(free['records']) ** 2) ** 0.5
   nominal = _mean(records, f'comm_s@{net}') if net else None
   fitted = _mean(records, f'comm_s@{result["fitted"]}')
   final = [r['test_accuracy'] for r in records if r.get('test_accuracy') is not None][-1]
@@ -188,40 +264,124 @@ def row(result: dict, free: dict | None, target: float | None) -> dict:
   ratio = lambda a, b: '-' if a is None or not b else f'{a / b:.2f}'
   seconds = lambda v: '-' if v is None else f'{v:.4f}'
   to_target = None
-  if steps is not None:
-    to_target = sum(r['step_s'] or 0.0 for r in records[FLAGS.skip :][:steps])
+  if steps is not None:  # training time: an evaluating step counts as the median step
+    to_target = sum(
+      measured if r.get('test_accuracy') is not None else r['step_s'] or 0.0
+      for r in records[FLAGS.skip :][:steps]
+    )
   modelled_to = None
   if steps is not None and compute is not None:
     comm_key = f'comm_s@{net or result["fitted"]}'
     modelled_to = steps * compute + sum(r[comm_key] for r in records[FLAGS.skip :][:steps])
   return {
+    'hosts': result['hosts'],
     'variant': result['name'],
     'rate': result['rate'] if net is None else f'{result["rate"]} Mbit/s',
     'acc': f'{final:.4f}',
     'sent': f'{statistics.mean(r["sent_bytes"] for r in records):,.0f}',
+    'collectives': f'{_mean(records, "collectives"):.1f}',
     'measured': seconds(measured),
     'comm': seconds(comm) if net else '-',
     'nominal': seconds(nominal),
     'ratio': ratio(comm, nominal) if net else '-',
     'fitted': seconds(fitted),
+    'fitted_ratio': ratio(comm, fitted) if net else '-',
     'to_target': seconds(to_target),
     'to_target_model': seconds(modelled_to),
-  }
+    '_comm': comm if net else None, '_noise': noise, '_nominal': nominal, '_fitted': fitted,
+    '_collectives': _mean(records, 'collectives'), '_to_target': to_target,
+  }  # fmt: skip
+
+
+def versus_first(rows: list[dict]) -> None:
+  """Each row's measured time to the target over the first row's (one link's runs)."""
+  first = rows[0]['_to_target'] if rows else None
+  for r in rows:
+    mine = r['_to_target']
+    r['to_vs_first'] = f'{mine / first:.2f}' if mine is not None and first else '-'
+
+
+def notes(rows: list[dict], latency_s: dict, workers: int) -> list[str]:
+  """Why a run's measured communication is more than 15 % from its modelled one.
+
+  Either the measured difference is within twice its standard error of zero
+  (this machine's step-to-step noise hides the link), or the excess is spread
+  over the step's collectives beside what one collective's α costs: the
+  configured one and the one fitted on the link (`latency_s`, per hosts and
+  link).
+  """
+  out = []
+  hops = 2 * (workers - 1)  # α per collective in the ring model
+  for r in rows:
+    comm, nominal = r['_comm'], r['_nominal']
+    if comm is None or not nominal or abs(comm / nominal - 1) <= 0.15:
+      continue
+    where = f'{r["variant"]}, {r["hosts"]} hosts at {r["rate"]}'
+    if abs(comm) < 2 * r['_noise']:
+      out.append(
+        f'{where}: the measured communication, {1e3 * comm:.1f} ms, is within twice its '
+        f"standard error ({1e3 * r['_noise']:.1f} ms) of zero: the steps' noise hides the link."
+      )
+      continue
+    per = (comm - nominal) / r['_collectives'] if r['_collectives'] else float('nan')
+    alpha_fit = latency_s[(r['hosts'], r['rate'])]
+    out.append(
+      f'{where}: {r["_collectives"]:.1f} collectives a step; measured − modelled = '
+      f'{1e3 * (comm - nominal):+.1f} ms, {1e3 * per:+.2f} ms per collective, where the '
+      f'configured α prices {1e3 * hops * FLAGS.latency_us * 1e-6:.2f} ms per collective and the '
+      f'fitted one {1e3 * hops * alpha_fit:.2f} ms; on the fitted link measured ÷ modelled '
+      f'= {r["fitted_ratio"]}.'
+    )
+  return out
 
 
 COLUMNS = [
+  ('hosts', 'hosts'),
   ('variant', 'variant'),
   ('rate', 'link'),
   ('acc', 'test acc'),
   ('sent', 'sent B/worker/step'),
+  ('collectives', 'collectives/step'),
   ('measured', 'step s, measured'),
   ('comm', 'comm s/step, measured'),
   ('nominal', 'comm s/step, modelled'),
   ('ratio', 'measured ÷ modelled'),
   ('fitted', 'comm s/step, modelled on the fitted link'),
-  ('to_target', "to first's acc, measured s"),
-  ('to_target_model', "to first's acc, modelled s"),
+  ('fitted_ratio', 'measured ÷ modelled on the fitted link'),
+  ('to_target', 'to the target acc, measured s'),
+  ('to_vs_first', "÷ the first's"),
+  ('to_target_model', 'to the target acc, modelled s'),
 ]
+DDP_COLUMNS = [
+  ('hosts', 'hosts'),
+  ('rate', 'link'),
+  ('method', 'method'),
+  ('ddp_ms', 'DDP step ms'),
+  ('jd_ms', 'jaxdist step ms'),
+  ('ratio', 'jaxdist ÷ DDP'),
+  ('ddp_acc', 'DDP test acc'),
+  ('jd_acc', 'jaxdist test acc'),
+  ('ddp_sent', 'DDP B/rank/step'),
+]
+
+
+def ddp_row(line: dict, mine: dict | None, k: int, rate: str, method: str) -> dict:
+  """DDP's run of a method beside jaxdist's run of the variant of that name on the same link."""
+  ddp_ms = line['median_step_ms'] if peer_ddp.ok(line) else None
+  jd_ms = 1e3 * _median(mine['records'], 'step_s') if mine else None
+  finals = [r['test_accuracy'] for r in mine['records'] if 'test_accuracy' in r] if mine else []
+  sent = line.get('bytes_per_rank_per_step_avg_over_run_analytic')
+  return {
+    'hosts': k, 'rate': rate if rate == 'unlimited' else f'{rate} Mbit/s', 'method': method,
+    'ddp_ms': f'{ddp_ms:.1f}' if ddp_ms else f'failed: {line.get("error", "?")[:80]}',
+    'jd_ms': f'{jd_ms:.1f}' if jd_ms else '-',
+    'ratio': f'{jd_ms / ddp_ms:.2f}' if jd_ms and ddp_ms else '-',
+    'ddp_acc': f'{line["test_acc"]:.4f}' if ddp_ms else '-',
+    'jd_acc': f'{finals[-1]:.4f}' if finals else '-',
+    'ddp_sent': f'{sent:,.0f}' if sent is not None else '-',
+  }  # fmt: skip
+
+
 LINK_COLUMNS = [
   ('hosts', 'hosts'),
   ('rate', 'link'),
@@ -264,7 +424,7 @@ def main(argv):
   group = compare.load_group(FLAGS.variants)
   names = FLAGS.only or list(group.variants)
   workers = factory.load_config(FLAGS.config).workers
-  rows, links = [], []
+  rows, links, ddp_rows, latency = [], [], [], {}
   for k in (int(h) for h in FLAGS.hosts):
     if workers % k:
       raise app.UsageError(f"--hosts {k} must divide the config's {workers} workers")
@@ -275,8 +435,9 @@ def main(argv):
         print(f'{k} hosts {hosts.names} at {rate}: {hosts.addresses}', flush=True)
         if FLAGS.dry_run:
           continue
-        fit = calibrate(hosts)
+        fit = calibrate(hosts, workers // k)
         mbit_fit = fit['bandwidth'] * 8 / 1e6
+        latency[(k, rate if mbit is None else f'{rate} Mbit/s')] = fit['latency']
         links.append({
           'hosts': k, 'rate': rate, 'fitted_mbit': f'{mbit_fit:,.1f}',
           'fitted_latency': f'{fit["latency"] * 1e6:,.0f}',
@@ -289,21 +450,43 @@ def main(argv):
           results.append(run(hosts, name, overrides, rate, workers // k, fit['profile']))
           print(f'  {name}: {results[-1]["wall_s"]:.0f} s', flush=True)
         finals = [r['test_accuracy'] for r in results[0]['records'] if 'test_accuracy' in r]
-        target = finals[-1] if finals else None
+        target = FLAGS.target or (finals[-1] if finals else None)
         runs[rate] = (results, target)
+        mine = {r['name']: r for r in results}
+        for method in peer_ddp.DDP_ARGS if FLAGS.torch_python else ():
+          line = run_ddp(hosts, method, rate, workers)
+          print(f'  DDP {method}: {line.get("median_step_ms", line.get("error"))}', flush=True)
+          ddp_rows.append(ddp_row(line, mine.get(method), k, rate, method))
     free = {r['name']: r for r in runs.get('unlimited', ([], None))[0]}
     for results, target in runs.values():
-      rows += [row(r, free.get(r['name']), target) for r in results]
+      mine = [row(r, free.get(r['name']), target) for r in results]
+      versus_first(mine)
+      rows += mine
   if not rows:
     return
-  title = f'{FLAGS.config}, {workers} workers on {FLAGS.hosts} hosts, {FLAGS.steps} steps'
-  link_title = 'the links: α and β fitted to all-reduces across the hosts (calibrate_link.py)'
+  target = FLAGS.target or "the first variant's final on that link"
+  title = (f'{FLAGS.config} with {FLAGS.variants} settings, {workers} workers on {FLAGS.hosts} '
+           f'hosts, {FLAGS.steps} steps; target accuracy {target}')  # fmt: skip
+  link_title = (
+    'the links: α and β of the ring of all workers, fitted to all-reduces across the '
+    'hosts (calibrate_link.py)'
+  )
   print(f'\n{link_title}\n' + report.table(links, LINK_COLUMNS))
   print(f'\n{title}\n' + report.table(rows, COLUMNS))
+  why = notes(rows, latency, workers)
+  print('\n'.join(['', *why]))
+  ddp_title = f"the peers' PyTorch DDP ({peer_ddp.PEER_SCRIPT}, gloo) over the same links"
+  if ddp_rows:
+    print(f'\n{ddp_title}\n' + report.table(ddp_rows, DDP_COLUMNS))
   if FLAGS.results:
     command = ' '.join(['python', 'experiments/bench_network.py', *sys.argv[1:]])
     parts = [report.provenance(command), f'{link_title}:', report.markdown(links, LINK_COLUMNS),
              f'{title}:', report.markdown(rows, COLUMNS)]  # fmt: skip
+    if why:
+      parts.append('Where measured and modelled differ by more than 15 %:\n\n'
+                   + '\n'.join(f'- {w}' for w in why))  # fmt: skip
+    if ddp_rows:
+      parts += [f'{ddp_title}:', report.markdown(ddp_rows, DDP_COLUMNS)]
     with open(FLAGS.results, 'w') as f:
       f.write('\n\n'.join(parts) + '\n')
     plot(rows, FLAGS.results.removesuffix('.md') + '.png')

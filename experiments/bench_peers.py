@@ -41,18 +41,20 @@ is reported under the table, and makes the exit status 1.
 import json
 import os
 import statistics
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from absl import app, flags
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from peer_ddp import DDP_ARGS, PEER_SCRIPT, PEERS_DIR, run_ddp
+from peer_ddp import ok as _ok
+
 FLAGS = flags.FLAGS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PEERS_DIR = os.path.join(REPO, '..', 'shared', 'peers')
-PEER_SCRIPT = 'torch_ddp_digits.py'
 WORKERS = 8  # side_by_side.sh: DDP's --world_size and jaxdist's workers
 VARIANTS_DIR = os.path.join(REPO, 'configs', 'variants')
 VARIANTS = os.path.join(VARIANTS_DIR, 'peers.py')  # the methods, in the order they run
@@ -62,12 +64,6 @@ LABELS = {
   'local4': 'local SGD, period 4',
   'topk1_ef': 'Top-k 1% all-gather, EF',
   'dgc1': 'DGC 1% all-gather, EF (sampled threshold)',
-}
-# DDP's run of each method: side_by_side.sh's arguments (no DDP comm hook does Top-k)
-DDP_ARGS = {
-  'dense': ('--hook', 'none'),
-  'powersgd2': ('--hook', 'powersgd2'),
-  'local4': ('--local_sgd_period', '4'),
 }
 # the settings of side_by_side.sh, as overrides of configs/digits.py
 SETTINGS = {
@@ -120,39 +116,6 @@ def ddp_command(torch_python: str, peers_dir: str, method: str, steps: int) -> l
   script = os.path.join(peers_dir, PEER_SCRIPT)
   args = ['--world_size', str(WORKERS), '--steps', str(steps), '--match_jaxdist']
   return [torch_python, script, *args, *DDP_ARGS[method], '--tag', 'side_by_side']
-
-
-def parse_peer_output(stdout: str) -> dict[str, Any] | None:
-  """The last line of a DDP run's stdout that is a JSON object, or None."""
-  for line in reversed(stdout.splitlines()):
-    line = line.strip()
-    if line.startswith('{'):
-      try:
-        parsed = json.loads(line)
-      except json.JSONDecodeError:
-        continue
-      if isinstance(parsed, dict):
-        return parsed
-  return None
-
-
-def run_ddp(command: Sequence[str], timeout_s: float) -> dict[str, Any]:
-  """Runs one DDP command: its JSON line, with an 'error' key if the run failed."""
-  try:
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-  except subprocess.TimeoutExpired:  # the peers' workers die with their launcher (PDEATHSIG)
-    return {'error': f'timeout: killed after {timeout_s:g} s'}
-  line = parse_peer_output(proc.stdout)
-  if line is None:
-    tail = ' | '.join(proc.stderr.strip().splitlines()[-3:])
-    return {'error': f'exit status {proc.returncode} and no JSON line; stderr: {tail}'}
-  if proc.returncode and 'error' not in line:
-    line['error'] = f'exit status {proc.returncode}'
-  return line
-
-
-def _ok(line: Mapping[str, Any] | None) -> bool:
-  return line is not None and 'error' not in line and line.get('median_step_ms') is not None
 
 
 def _ddp_payload(line: Mapping[str, Any]) -> float | None:

@@ -16,7 +16,7 @@ from jaxdist.netmodel.buckets import (
   threshold_buckets,
   timeline,
 )
-from jaxdist.netmodel.calibrate import calibrate
+from jaxdist.netmodel.calibrate import calibrate, fit_ring
 from jaxdist.netmodel.cluster import H_LEVELS, WAITS, Cluster, Timeline, WorkerClock, simulate
 from jaxdist.netmodel.hierarchical import (
   Hierarchy,
@@ -69,6 +69,7 @@ __all__ = [
   'broadcast',
   'calibrate',
   'comm_time',
+  'fit_ring',
   'flat_time',
   'forward_order',
   'gbps',

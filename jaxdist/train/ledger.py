@@ -111,6 +111,7 @@ class Ledger:
       'payload_bytes': comm.total_bytes(self.transfers, counts) / n,
       'sent_bytes': sum(netmodel.sent_bytes(t, group(t)) * c for t, c in pairs) / n,
       'synced': int(any(counts[i] > 0 for i in self._data)),
+      'collectives': sum(per_worker),  # each one α at least, whatever its size
     }
     for name, net in self.networks.items():
       net = netmodel.network_at(net, step - 1)

@@ -1,6 +1,7 @@
 """experiments/netns.py and bench_network.py: real rate-limited links between namespaces."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -92,19 +93,35 @@ with netns.Hosts(2, 100, prefix='jdtestint') as h:
 
 
 @pytest.mark.slow
-def test_two_hosts_train_over_the_link(tmp_path, data_dir):
+def test_two_hosts_train_over_the_link_beside_ddp(tmp_path, data_dir):
   results = tmp_path / 'network.md'
+  peers = tmp_path / 'peers'
+  peers.mkdir()
+  shutil.copy(os.path.join(os.path.dirname(__file__), 'fake_ddp_peer.py'),
+              peers / 'torch_ddp_digits.py')  # fmt: skip
   env = dict(os.environ, TFDS_DATA_DIR=data_dir, XLA_FLAGS=xla_flags_for_tests())
   proc = subprocess.run(
     [sys.executable, os.path.join(REPO, 'experiments', 'bench_network.py'), '--hosts=2',
      '--rates=unlimited', '--only=dense,local4', '--steps=6', '--skip=2',
-     f'--workdir={tmp_path}', f'--results={results}'],
+     f'--workdir={tmp_path}', f'--results={results}', f'--torch_python={sys.executable}',
+     f'--peers_dir={peers}'],
     cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
   )  # fmt: skip
   assert proc.returncode == 0, proc.stderr[-4000:]
   text = results.read_text()
-  rows = [line for line in text.splitlines() if line.startswith(('| dense |', '| local4 |'))]
+  rows = [
+    line for line in text.splitlines() if line.startswith(('| 2 | dense |', '| 2 | local4 |'))
+  ]
   assert len(rows) == 2, text
   for line in rows:
-    measured = float(line.split('|')[5])
+    measured = float(line.split('|')[6])
     assert 0 < measured < 60, line
+  # the (fake) peers' DDP on the same hosts, beside jaxdist's runs of the same names
+  ddp = [line.split('|')[1:-1] for line in text.split('PyTorch DDP')[1].splitlines()[3:6]]
+  assert [[c.strip() for c in row[:4]] for row in ddp] == [
+    ['2', 'unlimited', 'dense', '12.5'], ['2', 'unlimited', 'powersgd2', '12.5'],
+    ['2', 'unlimited', 'local4', '12.5'],
+  ], text  # fmt: skip
+  jd_dense = float(rows[0].split('|')[6]) * 1e3
+  assert float(ddp[0][4]) == pytest.approx(jd_dense, abs=0.051), text
+  assert ddp[1][4].strip() == '-' and ddp[1][5].strip() == '-'  # no jaxdist powersgd2 run

@@ -8,6 +8,7 @@ eqs. (4a)-(5c), Table VI), or are worked by hand in the comments beside them.
 import math
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jaxdist import comm, netmodel, runtime
@@ -362,6 +363,36 @@ def test_calibrate_on_eight_cpu_devices_gives_a_valid_network():
   assert net.name == 'calibrated'
   assert net.latency >= 0
   assert net.bandwidth > 0 and math.isfinite(net.bandwidth)
+
+
+def test_fit_ring_recovers_alpha_and_beta_from_exact_times():
+  # N = 4, α = 1 ms, 100 Mbit/s: t = 2·3·α + 2·3/4·M/12.5e6
+  sizes = [4e3, 64e3, 1e6, 4e6]
+  times = [6e-3 + 1.5 * m / 12.5e6 for m in sizes]
+  net = netmodel.fit_ring(4, sizes, times)
+  assert net.latency == pytest.approx(1e-3, rel=1e-9)
+  assert net.bandwidth == pytest.approx(12.5e6, rel=1e-9)
+
+
+def test_fit_ring_keeps_the_small_payloads_cost_when_a_large_one_is_off():
+  # the 4 MB all-reduce 10 % slow (a queue, a retransmit): an absolute-error line puts
+  # its intercept at 2.2 ms (α 0.37 ms); in relative error α stays within 10 %
+  sizes = [4e3, 64e3, 1e6, 4e6]
+  times = [6e-3 + 1.5 * m / 12.5e6 for m in sizes]
+  times[-1] *= 1.1
+  net = netmodel.fit_ring(4, sizes, times)
+  assert 0.9e-3 < net.latency < 1.1e-3, net
+  _, intercept = np.polyfit(sizes, times, 1)
+  assert intercept / 6 < 0.5e-3  # what the unweighted line would have made of α
+
+
+def test_fit_ring_refuses_what_it_cannot_fit():
+  with pytest.raises(ValueError, match='at least 2 workers'):
+    netmodel.fit_ring(1, [1, 2], [1, 2])
+  with pytest.raises(ValueError, match='at least 2 sizes'):
+    netmodel.fit_ring(2, [1, 1], [1, 2])
+  with pytest.raises(ValueError, match='positive, finite'):
+    netmodel.fit_ring(2, [1, 2], [1, float('nan')])
 
 
 def test_calibrate_needs_two_workers():
