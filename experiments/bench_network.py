@@ -72,7 +72,10 @@ flags.DEFINE_string('workdir', 'workdir/network', 'Where the runs write.')
 flags.DEFINE_string('results', None, 'Also write the markdown table here, and a plot beside it.')
 flags.DEFINE_bool('dry_run', False, 'Build the hosts, print them, tear them down (no training).')
 flags.DEFINE_float(
-  'target', None, "Accuracy the time-to columns time (default: the first variant's final)."
+  'target', None, "The --metric value timed to (default: the first variant's final)."
+)
+flags.DEFINE_string(
+  'metric', 'test_accuracy', "The evaluation's figure: an accuracy, or a loss (lower is better)."
 )
 flags.DEFINE_string(
   'torch_python', None, "A Python with torch: also run the peers' DDP over the links."
@@ -218,7 +221,7 @@ def calibrate(hosts: netns.Hosts, devices: int) -> dict:
 
 def _timed(records: list[dict]) -> list[dict]:
   """The steps the figures use: after --skip, less those that evaluated (their time holds it)."""
-  return [r for r in records[FLAGS.skip :] if r.get('test_accuracy') is None]
+  return [r for r in records[FLAGS.skip :] if r.get(FLAGS.metric) is None]
 
 
 def _median(records: list[dict], key: str) -> float:
@@ -229,12 +232,23 @@ def _mean(records: list[dict], key: str) -> float:
   return statistics.mean(r.get(key) or 0.0 for r in _timed(records))
 
 
+def _reached(value: float | None, target: float) -> bool:
+  if value is None:
+    return False
+  return value <= target if FLAGS.metric.endswith('loss') else value >= target
+
+
+def _final(records: list[dict]) -> float | None:
+  values = [r[FLAGS.metric] for r in records if r.get(FLAGS.metric) is not None]
+  return values[-1] if values else None
+
+
 def _steps_to(records: list[dict], target: float | None) -> int | None:
-  """Timed steps (after --skip) up to the first evaluation at >= target accuracy."""
+  """Timed steps (after --skip) up to the first evaluation that reaches the target."""
   if target is None:
     return None
   for i, r in enumerate(records[FLAGS.skip :]):
-    if r.get('test_accuracy') is not None and r['test_accuracy'] >= target:
+    if _reached(r.get(FLAGS.metric), target):
       return i + 1
   return None
 
@@ -259,14 +273,14 @@ def row(result: dict, free: dict | None, target: float | None) -> dict:
   noise = None if free is None else (_stderr(records) ** 2 + _stderr(free['records']) ** 2) ** 0.5
   nominal = _mean(records, f'comm_s@{net}') if net else None
   fitted = _mean(records, f'comm_s@{result["fitted"]}')
-  final = [r['test_accuracy'] for r in records if r.get('test_accuracy') is not None][-1]
+  final = _final(records)
   steps = _steps_to(records, target)
   ratio = lambda a, b: '-' if a is None or not b else f'{a / b:.2f}'
   seconds = lambda v: '-' if v is None else f'{v:.4f}'
   to_target = None
   if steps is not None:  # training time: an evaluating step counts as the median step
     to_target = sum(
-      measured if r.get('test_accuracy') is not None else r['step_s'] or 0.0
+      measured if r.get(FLAGS.metric) is not None else r['step_s'] or 0.0
       for r in records[FLAGS.skip :][:steps]
     )
   modelled_to = None
@@ -277,7 +291,7 @@ def row(result: dict, free: dict | None, target: float | None) -> dict:
     'hosts': result['hosts'],
     'variant': result['name'],
     'rate': result['rate'] if net is None else f'{result["rate"]} Mbit/s',
-    'acc': f'{final:.4f}',
+    'acc': '-' if final is None else f'{final:.4f}',
     'sent': f'{statistics.mean(r["sent_bytes"] for r in records):,.0f}',
     'collectives': f'{_mean(records, "collectives"):.1f}',
     'measured': seconds(measured),
@@ -339,7 +353,7 @@ COLUMNS = [
   ('hosts', 'hosts'),
   ('variant', 'variant'),
   ('rate', 'link'),
-  ('acc', 'test acc'),
+  ('acc', 'final'),
   ('sent', 'sent B/worker/step'),
   ('collectives', 'collectives/step'),
   ('measured', 'step s, measured'),
@@ -348,9 +362,9 @@ COLUMNS = [
   ('ratio', 'measured ÷ modelled'),
   ('fitted', 'comm s/step, modelled on the fitted link'),
   ('fitted_ratio', 'measured ÷ modelled on the fitted link'),
-  ('to_target', 'to the target acc, measured s'),
+  ('to_target', 'to the target, measured s'),
   ('to_vs_first', "÷ the first's"),
-  ('to_target_model', 'to the target acc, modelled s'),
+  ('to_target_model', 'to the target, modelled s'),
 ]
 DDP_COLUMNS = [
   ('hosts', 'hosts'),
@@ -360,7 +374,7 @@ DDP_COLUMNS = [
   ('jd_ms', 'jaxdist step ms'),
   ('ratio', 'jaxdist ÷ DDP'),
   ('ddp_acc', 'DDP test acc'),
-  ('jd_acc', 'jaxdist test acc'),
+  ('jd_acc', 'jaxdist final'),
   ('ddp_sent', 'DDP B/rank/step'),
 ]
 
@@ -369,7 +383,7 @@ def ddp_row(line: dict, mine: dict | None, k: int, rate: str, method: str) -> di
   """DDP's run of a method beside jaxdist's run of the variant of that name on the same link."""
   ddp_ms = line['median_step_ms'] if peer_ddp.ok(line) else None
   jd_ms = 1e3 * _median(mine['records'], 'step_s') if mine else None
-  finals = [r['test_accuracy'] for r in mine['records'] if 'test_accuracy' in r] if mine else []
+  final = _final(mine['records']) if mine else None
   sent = line.get('bytes_per_rank_per_step_avg_over_run_analytic')
   return {
     'hosts': k, 'rate': rate if rate == 'unlimited' else f'{rate} Mbit/s', 'method': method,
@@ -377,7 +391,7 @@ def ddp_row(line: dict, mine: dict | None, k: int, rate: str, method: str) -> di
     'jd_ms': f'{jd_ms:.1f}' if jd_ms else '-',
     'ratio': f'{jd_ms / ddp_ms:.2f}' if jd_ms and ddp_ms else '-',
     'ddp_acc': f'{line["test_acc"]:.4f}' if ddp_ms else '-',
-    'jd_acc': f'{finals[-1]:.4f}' if finals else '-',
+    'jd_acc': f'{final:.4f}' if final is not None else '-',
     'ddp_sent': f'{sent:,.0f}' if sent is not None else '-',
   }  # fmt: skip
 
@@ -449,8 +463,7 @@ def main(argv):
           overrides = {**group.settings, **group.variants[name]}
           results.append(run(hosts, name, overrides, rate, workers // k, fit['profile']))
           print(f'  {name}: {results[-1]["wall_s"]:.0f} s', flush=True)
-        finals = [r['test_accuracy'] for r in results[0]['records'] if 'test_accuracy' in r]
-        target = FLAGS.target or (finals[-1] if finals else None)
+        target = FLAGS.target or _final(results[0]['records'])
         runs[rate] = (results, target)
         mine = {r['name']: r for r in results}
         for method in peer_ddp.DDP_ARGS if FLAGS.torch_python else ():
@@ -466,7 +479,7 @@ def main(argv):
     return
   target = FLAGS.target or "the first variant's final on that link"
   title = (f'{FLAGS.config} with {FLAGS.variants} settings, {workers} workers on {FLAGS.hosts} '
-           f'hosts, {FLAGS.steps} steps; target accuracy {target}')  # fmt: skip
+           f'hosts, {FLAGS.steps} steps; target {FLAGS.metric} {target}')  # fmt: skip
   link_title = (
     'the links: α and β of the ring of all workers, fitted to all-reduces across the '
     'hosts (calibrate_link.py)'

@@ -1,13 +1,14 @@
 """experiments/bench_peers.py: jaxdist beside the peers' DDP, without torch (a fake peer script)."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from conftest import binary_cmd, binary_env, load_experiment
+from conftest import REPO, binary_cmd, binary_env, load_experiment
 
 TIMEOUT = 300
 
@@ -233,3 +234,16 @@ def test_one_invocation_runs_ddp_and_jaxdist_side_by_side(tmp_path, data_dir, pe
   assert '- pass 1, step ÷ dense: powersgd2 ' in md and '- pass 2, step ÷ dense: ' in md
   assert all((tmp_path / 'w' / f'{name}.2' / 'summary.json').exists() for name in jd)
   assert 'jaxdist ÷ DDP' in proc.stdout and 'PowerSGD rank 2 ÷ dense ≤ 1.1' in proc.stdout
+
+
+def test_the_network_benchmark_trains_the_peers_work(bench):
+  # bench_network runs the peers' DDP beside these variants over real links: same work
+  from jaxdist.train import compare
+
+  network = compare.load_group(os.path.join(REPO, 'configs', 'variants', 'network.py'))
+  peers = compare.load_group(bench.VARIANTS)
+  assert network.settings == {
+    k: v for k, v in bench.SETTINGS.items() if k not in ('workers', 'progress')
+  }
+  for name in bench.DDP_ARGS:
+    assert network.variants[name] == peers.variants[name], name
