@@ -63,11 +63,6 @@ jd.runtime.cpu_devices(8)  # 8 CPU devices, before JAX starts
 
 # %matplotlib inline
 
-# %%
-jd.runtime.cpu_devices(8)  # 8 CPU devices, before JAX starts
-
-# %matplotlib inline
-
 # %% [markdown]
 # ## Training
 #
