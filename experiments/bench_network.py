@@ -319,15 +319,16 @@ def notes(rows: list[dict], latency_s: dict, workers: int) -> list[str]:
   """Why a run's measured communication is more than 15 % from its modelled one.
 
   Either the measured difference is within twice its standard error of zero
-  (this machine's step-to-step noise hides the link), or the excess is spread
-  over the step's collectives beside what one collective's α costs: the
-  configured one and the one fitted on the link (`latency_s`, per hosts and
-  link).
+  (this machine's step-to-step noise hides the link), or it is split in two:
+  the modelled time of the bytes (the modelled communication less its α
+  terms), and the rest spread over the step's collectives, beside what one
+  collective's α costs: the configured one and the one fitted on the link
+  (`latency_s`, per hosts and link).
   """
   out = []
   hops = 2 * (workers - 1)  # α per collective in the ring model
   for r in rows:
-    comm, nominal = r['_comm'], r['_nominal']
+    comm, nominal, coll = r['_comm'], r['_nominal'], r['_collectives']
     if comm is None or not nominal or abs(comm / nominal - 1) <= 0.15:
       continue
     where = f'{r["variant"]}, {r["hosts"]} hosts at {r["rate"]}'
@@ -337,14 +338,16 @@ def notes(rows: list[dict], latency_s: dict, workers: int) -> list[str]:
         f"standard error ({1e3 * r['_noise']:.1f} ms) of zero: the steps' noise hides the link."
       )
       continue
-    per = (comm - nominal) / r['_collectives'] if r['_collectives'] else float('nan')
+    nbytes = nominal - coll * hops * FLAGS.latency_us * 1e-6  # the bandwidth terms
+    per = (comm - nbytes) / coll if coll else float('nan')
     alpha_fit = latency_s[(r['hosts'], r['rate'])]
     out.append(
-      f'{where}: {r["_collectives"]:.1f} collectives a step; measured − modelled = '
-      f'{1e3 * (comm - nominal):+.1f} ms, {1e3 * per:+.2f} ms per collective, where the '
-      f'configured α prices {1e3 * hops * FLAGS.latency_us * 1e-6:.2f} ms per collective and the '
-      f'fitted one {1e3 * hops * alpha_fit:.2f} ms; on the fitted link measured ÷ modelled '
-      f'= {r["fitted_ratio"]}.'
+      f'{where}: measured {1e3 * comm:.1f} ms, modelled {1e3 * nominal:.1f} ms, of which '
+      f'{1e3 * nbytes:.1f} ms bytes; the other {1e3 * (comm - nbytes):+.1f} ms measured is '
+      f"{1e3 * per:+.2f} ms for each of the step's {coll:.1f} collectives, where the "
+      f'configured α prices {1e3 * hops * FLAGS.latency_us * 1e-6:.2f} ms a collective and the '
+      f'fitted one {1e3 * hops * alpha_fit:.2f} ms (on the fitted link, measured ÷ modelled = '
+      f'{r["fitted_ratio"]}).'
     )
   return out
 

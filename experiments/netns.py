@@ -125,9 +125,15 @@ class Hosts:
         f.write(f'127.0.0.1 localhost\n{address} {socket.gethostname()}\n')
 
   def _limit(self, netns: str, dev: str) -> None:
-    """A token bucket of `rate_mbit` on `dev`'s egress: a burst of 10 ms at the rate."""
+    """A token bucket of `rate_mbit` on `dev`'s egress: a burst of 1 ms at the rate.
+
+    The bucket fills while the link idles, and a burst passes at once: with
+    10 ms, 100 kB crossed a 100 Mbit/s link in 0.3 ms instead of 8, so the
+    small exchanges of compressed methods rode free. 1 ms keeps a transfer
+    within 10 % of its bytes' time at 100 Mbit/s and 1 Gbit/s (tested).
+    """
     rate = self.rate_mbit * 1e6  # bit/s
-    burst = max(int(rate / 8 * 0.01), 32 * 1024)  # bytes: 10 ms, at least 32 KiB
+    burst = max(int(rate / 8 * 1e-3), 2 * 1514)  # bytes: 1 ms, at least two full frames
     _tc(netns, 'qdisc', 'add', 'dev', dev, 'root', 'tbf', 'rate', f'{self.rate_mbit}mbit',
         'burst', str(burst), 'latency', '100ms')  # fmt: skip
 

@@ -53,9 +53,11 @@ def transfer_s(hosts, nbytes):
 def test_a_rate_limited_link_takes_the_time_its_bytes_need():
   with netns.Hosts(2, 20) as hosts:  # 20 Mbit/s: 2.5 MB is 1.0 s of bytes
     limited = transfer_s(hosts, 2_500_000)
+    small = transfer_s(hosts, 50_000)  # 20 ms of bytes: the bucket's burst must not carry it
   with netns.Hosts(2, None) as hosts:
     free = transfer_s(hosts, 2_500_000)
   assert 0.9 < limited < 1.5, limited
+  assert 0.015 < small < 0.05, small
   assert free < 0.3, free
   assert not netns.leftovers(hosts.prefix)
 
