@@ -50,10 +50,19 @@ bench-lm: $(VENV)/.installed
 	  --results=experiments/results/step_lm.md
 
 # Training over real, rate-limited links between network namespaces on this machine (root):
-# measured steps beside the modelled clock (experiments/bench_network.py)
+# measured steps beside the modelled clock (experiments/bench_network.py), with the peers'
+# PyTorch DDP on the same links given TORCH_PYTHON; 8 hosts and the language model's DiLoCo
+# family each write a table of their own
+NETWORK = $(PY) experiments/bench_network.py --steps=200 \
+	  $(if $(TORCH_PYTHON),--torch_python=$(TORCH_PYTHON))
 bench-network: $(VENV)/.installed
-	$(PY) experiments/bench_network.py --hosts=2 --rates=100,1000,unlimited \
+	$(NETWORK) --hosts=2,4 --rates=100,1000,unlimited --target=0.96 --workdir=workdir/network \
 	  --results=experiments/results/network.md
+	$(NETWORK) --hosts=8 --rates=100,unlimited --only=dense,topk1_ef,powersgd2,local4 \
+	  --target=0.96 --workdir=workdir/network_k8 --results=experiments/results/network_k8.md
+	$(PY) experiments/bench_network.py --steps=200 --config=configs/shakespeare_gpt.py \
+	  --variants=configs/variants/network_lm.py --metric=test_loss --hosts=2 \
+	  --rates=100,unlimited --workdir=workdir/network_lm --results=experiments/results/network_lm.md
 
 # jaxdist beside PyTorch DDP on the digits CNN: jaxdist's half, and DDP's beside it with
 # TORCH_PYTHON=path/to/torchenv/bin/python (a separate venv with torch; never this one)
