@@ -58,6 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import netns  # noqa: E402  (experiments/netns.py, beside this script)
 import peer_ddp  # noqa: E402
+from network_report import COLUMNS, DDP_COLUMNS, LINK_COLUMNS, link_row, notes, plot  # noqa: E402
 
 flags.DEFINE_list('hosts', ['2'], 'Numbers of hosts (network namespaces, one process each).')
 flags.DEFINE_list('rates', ['100', 'unlimited'], "Link rates in Mbit/s, or 'unlimited'.")
@@ -71,6 +72,9 @@ flags.DEFINE_integer('timeout_s', 600, 'Seconds a run may take before it is kill
 flags.DEFINE_string('workdir', 'workdir/network', 'Where the runs write.')
 flags.DEFINE_string('results', None, 'Also write the markdown table here, and a plot beside it.')
 flags.DEFINE_bool('dry_run', False, 'Build the hosts, print them, tear them down (no training).')
+flags.DEFINE_bool(
+  'tables_only', False, 'Train nothing: the tables of the runs already in --workdir (no root).'
+)
 flags.DEFINE_float(
   'target', None, "The --metric value timed to (default: the first variant's final)."
 )
@@ -124,15 +128,20 @@ def launch(hosts: netns.Hosts, commands: list[list[str]], logdir: str, env: dict
     raise RuntimeError(f'{logdir}: process {failed[0]} exited non-zero:\n{tail}')
 
 
+def _folder(k: int, rate: str) -> str:
+  """Where the runs of `k` hosts at `rate` write."""
+  return os.path.abspath(os.path.join(FLAGS.workdir, f'k{k}_{rate}'))
+
+
 def run(
   hosts: netns.Hosts, name: str, overrides: dict, rate: str, devices: int, fitted: str
-) -> dict:
-  """Trains one variant across `hosts`, `devices` CPU devices each; process 0's records.
+) -> float:
+  """Trains one variant across `hosts`, `devices` CPU devices each; its wall-clock seconds.
 
   The modelled clock prices the steps on the link's nominal rate and on `fitted`.
   """
   k = hosts.k
-  workdir = os.path.abspath(os.path.join(FLAGS.workdir, f'k{k}_{rate}', name))
+  workdir = os.path.join(_folder(k, rate), name)
   net = profile(rate)
   nets = ','.join([*([net] if net else []), fitted])
   base = [
@@ -147,13 +156,7 @@ def run(
   start = time.perf_counter()
   commands = [[*base, f'--process_id={i}', f'--cpu_devices={devices}'] for i in range(k)]
   launch(hosts, commands, workdir, env)
-  wall = time.perf_counter() - start
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    records = [json.loads(line) for line in f]
-  return {
-    'name': name, 'hosts': k, 'rate': rate, 'net': net, 'fitted': fitted, 'records': records,
-    'wall_s': wall,
-  }  # fmt: skip
+  return time.perf_counter() - start
 
 
 def run_ddp(hosts: netns.Hosts, method: str, rate: str, workers: int, tries: int = 2) -> dict:
@@ -172,7 +175,7 @@ def run_ddp(hosts: netns.Hosts, method: str, rate: str, workers: int, tries: int
 
 
 def _ddp_once(hosts: netns.Hosts, method: str, rate: str, workers: int) -> dict:
-  workdir = os.path.abspath(os.path.join(FLAGS.workdir, f'k{hosts.k}_{rate}', f'ddp_{method}'))
+  workdir = os.path.join(_folder(hosts.k, rate), f'ddp_{method}')
   shutil.rmtree(workdir, ignore_errors=True)
   script = os.path.join(ROOT, 'experiments', 'ddp_hosts.py')
   peer = ['--world_size', str(workers), '--steps', str(FLAGS.steps), '--match_jaxdist',
@@ -315,73 +318,6 @@ def versus_first(rows: list[dict]) -> None:
     r['to_vs_first'] = f'{mine / first:.2f}' if mine is not None and first else '-'
 
 
-def notes(rows: list[dict], latency_s: dict, workers: int) -> list[str]:
-  """Why a run's measured communication is more than 15 % from its modelled one.
-
-  Either the measured difference is within twice its standard error of zero
-  (this machine's step-to-step noise hides the link), or it is split in two:
-  the modelled time of the bytes (the modelled communication less its α
-  terms), and the rest spread over the step's collectives, beside what one
-  collective's α costs: the configured one and the one fitted on the link
-  (`latency_s`, per hosts and link).
-  """
-  out = []
-  hops = 2 * (workers - 1)  # α per collective in the ring model
-  for r in rows:
-    comm, nominal, coll = r['_comm'], r['_nominal'], r['_collectives']
-    if comm is None or not nominal or abs(comm / nominal - 1) <= 0.15:
-      continue
-    where = f'{r["variant"]}, {r["hosts"]} hosts at {r["rate"]}'
-    if abs(comm) < 2 * r['_noise']:
-      out.append(
-        f'{where}: the measured communication, {1e3 * comm:.1f} ms, is within twice its '
-        f"standard error ({1e3 * r['_noise']:.1f} ms) of zero: the steps' noise hides the link."
-      )
-      continue
-    nbytes = nominal - coll * hops * FLAGS.latency_us * 1e-6  # the bandwidth terms
-    per = (comm - nbytes) / coll if coll else float('nan')
-    alpha_fit = latency_s[(r['hosts'], r['rate'])]
-    out.append(
-      f'{where}: measured {1e3 * comm:.1f} ms, modelled {1e3 * nominal:.1f} ms, of which '
-      f'{1e3 * nbytes:.1f} ms bytes; the other {1e3 * (comm - nbytes):+.1f} ms measured is '
-      f"{1e3 * per:+.2f} ms for each of the step's {coll:.1f} collectives, where the "
-      f'configured α prices {1e3 * hops * FLAGS.latency_us * 1e-6:.2f} ms a collective and the '
-      f'fitted one {1e3 * hops * alpha_fit:.2f} ms (on the fitted link, measured ÷ modelled = '
-      f'{r["fitted_ratio"]}).'
-    )
-  return out
-
-
-COLUMNS = [
-  ('hosts', 'hosts'),
-  ('variant', 'variant'),
-  ('rate', 'link'),
-  ('acc', 'final'),
-  ('sent', 'sent B/worker/step'),
-  ('collectives', 'collectives/step'),
-  ('measured', 'step s, measured'),
-  ('comm', 'comm s/step, measured'),
-  ('nominal', 'comm s/step, modelled'),
-  ('ratio', 'measured ÷ modelled'),
-  ('fitted', 'comm s/step, modelled on the fitted link'),
-  ('fitted_ratio', 'measured ÷ modelled on the fitted link'),
-  ('to_target', 'to the target, measured s'),
-  ('to_vs_first', "÷ the first's"),
-  ('to_target_model', 'to the target, modelled s'),
-]
-DDP_COLUMNS = [
-  ('hosts', 'hosts'),
-  ('rate', 'link'),
-  ('method', 'method'),
-  ('ddp_ms', 'DDP step ms'),
-  ('jd_ms', 'jaxdist step ms'),
-  ('ratio', 'jaxdist ÷ DDP'),
-  ('ddp_acc', 'DDP test acc'),
-  ('jd_acc', 'jaxdist final'),
-  ('ddp_sent', 'DDP B/rank/step'),
-]
-
-
 def ddp_row(line: dict, mine: dict | None, k: int, rate: str, method: str) -> dict:
   """DDP's run of a method beside jaxdist's run of the variant of that name on the same link."""
   ddp_ms = line['median_step_ms'] if peer_ddp.ok(line) else None
@@ -399,87 +335,98 @@ def ddp_row(line: dict, mine: dict | None, k: int, rate: str, method: str) -> di
   }  # fmt: skip
 
 
-LINK_COLUMNS = [
-  ('hosts', 'hosts'),
-  ('rate', 'link'),
-  ('fitted_mbit', 'fitted Mbit/s'),
-  ('fitted_latency', 'fitted latency µs'),
-  ('off', 'fitted ÷ configured'),
-]
+def measure(hosts: netns.Hosts, rate: str, group, names: list[str], workers: int) -> None:
+  """Fits the link, trains every variant across `hosts` and, given torch, DDP's methods.
+
+  Everything goes to the workdir (`_folder`): the fit in link.json, each
+  variant's run in its folder, DDP's JSON lines in ddp_<method>.json.
+  """
+  k, folder = hosts.k, _folder(hosts.k, rate)
+  fit = calibrate(hosts, workers // k)
+  print(f'  fitted: {fit["profile"]}', flush=True)
+  os.makedirs(folder, exist_ok=True)
+  with open(os.path.join(folder, 'link.json'), 'w') as f:
+    json.dump(fit, f)
+  for name in names:
+    wall = run(hosts, name, {**group.settings, **group.variants[name]}, rate, workers // k,
+               fit['profile'])  # fmt: skip
+    print(f'  {name}: {wall:.0f} s', flush=True)
+  for method in peer_ddp.DDP_ARGS if FLAGS.torch_python else ():
+    line = run_ddp(hosts, method, rate, workers)
+    print(f'  DDP {method}: {line.get("median_step_ms", line.get("error"))}', flush=True)
+    with open(os.path.join(folder, f'ddp_{method}.json'), 'w') as f:
+      json.dump(line, f)
 
 
-def plot(rows: list[dict], path: str) -> None:
-  """Measured against modelled communication per step, a point per run on a limited link."""
-  from matplotlib.figure import Figure
+def collect(k: int, rate: str, names: list[str]) -> tuple[dict, list[dict], dict]:
+  """What `measure` wrote for `k` hosts at `rate`: the fit, the runs' records, DDP's lines."""
+  folder = _folder(k, rate)
+  with open(os.path.join(folder, 'link.json')) as f:
+    fit = json.load(f)
+  results = []
+  for name in names:
+    with open(os.path.join(folder, name, 'metrics.jsonl')) as f:
+      records = [json.loads(line) for line in f]
+    results.append({'name': name, 'hosts': k, 'rate': rate, 'net': profile(rate),
+                    'fitted': fit['profile'], 'records': records})  # fmt: skip
+  ddp = {}
+  for method in peer_ddp.DDP_ARGS:
+    path = os.path.join(folder, f'ddp_{method}.json')
+    if os.path.exists(path):
+      with open(path) as f:
+        ddp[method] = json.load(f)
+  return fit, results, ddp
 
-  fig = Figure(figsize=(5.5, 5))
-  ax = fig.subplots()
-  points = [r for r in rows if r['comm'] != '-' and r['nominal'] != '-']
-  for link in sorted({r['rate'] for r in points}):
-    mine = [r for r in points if r['rate'] == link and float(r['nominal']) > 0]
-    xs = [1e3 * float(r['nominal']) for r in mine]
-    ys = [1e3 * max(float(r['comm']), 1e-4) for r in mine]  # at most 0.1 ms: drawn at 0.1 ms
-    ax.scatter(xs, ys, label=link)
-    for x, y, r in zip(xs, ys, mine, strict=True):
-      ax.annotate(r['variant'], (x, y), fontsize=6, xytext=(3, 2), textcoords='offset points')
-  top = max([1.0, *(1e3 * float(r['nominal']) for r in points)]) * 2
-  ax.plot([0.1, top], [0.1, top], color='gray', ls='--', lw=1, label='measured = modelled')
-  ax.set(xscale='log', yscale='log', xlabel='modelled communication per step (ms)',
-         ylabel='measured communication per step (ms)')  # fmt: skip
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
+
+def tabulate(names: list[str], workers: int) -> tuple[list, list, list, dict]:
+  """The links', runs' and DDP's rows of every hosts and rate, from the workdir; the fitted α."""
+  rows, links, ddp_rows, latency = [], [], [], {}
+  for k in (int(h) for h in FLAGS.hosts):
+    runs = {}
+    for rate in FLAGS.rates:
+      fit, results, ddp = collect(k, rate, names)
+      links.append(link_row(k, rate, fit))
+      latency[(k, rate if rate == 'unlimited' else f'{rate} Mbit/s')] = fit['latency']
+      runs[rate] = (results, FLAGS.target or _final(results[0]['records']))
+      mine = {r['name']: r for r in results}
+      ddp_rows += [ddp_row(line, mine.get(m), k, rate, m) for m, line in ddp.items()]
+    free = {r['name']: r for r in runs.get('unlimited', ([], None))[0]}
+    for results, target in runs.values():
+      mine = [row(r, free.get(r['name']), target) for r in results]
+      versus_first(mine)
+      rows += mine
+  return rows, links, ddp_rows, latency
+
+
+def measured_by() -> str:
+  """The command that trained the runs in --workdir (written there after they ran)."""
+  with open(os.path.join(FLAGS.workdir, 'command.txt')) as f:
+    return f.read().strip()
 
 
 def main(argv):
   del argv
   from jaxdist.train import compare, factory, report
 
-  if why := netns.available():
+  if not FLAGS.tables_only and (why := netns.available()):
     raise app.UsageError(f'bench_network {why}')
   group = compare.load_group(FLAGS.variants)
   names = FLAGS.only or list(group.variants)
   workers = factory.load_config(FLAGS.config).workers
-  rows, links, ddp_rows, latency = [], [], [], {}
   for k in (int(h) for h in FLAGS.hosts):
     if workers % k:
       raise app.UsageError(f"--hosts {k} must divide the config's {workers} workers")
-    runs = {}
-    for rate in FLAGS.rates:
-      mbit = None if rate == 'unlimited' else float(rate)
-      with netns.Hosts(k, mbit) as hosts:
+    for rate in [] if FLAGS.tables_only else FLAGS.rates:
+      with netns.Hosts(k, None if rate == 'unlimited' else float(rate)) as hosts:
         print(f'{k} hosts {hosts.names} at {rate}: {hosts.addresses}', flush=True)
-        if FLAGS.dry_run:
-          continue
-        fit = calibrate(hosts, workers // k)
-        mbit_fit = fit['bandwidth'] * 8 / 1e6
-        latency[(k, rate if mbit is None else f'{rate} Mbit/s')] = fit['latency']
-        links.append({
-          'hosts': k, 'rate': rate, 'fitted_mbit': f'{mbit_fit:,.1f}',
-          'fitted_latency': f'{fit["latency"] * 1e6:,.0f}',
-          'off': '-' if mbit is None else f'{mbit_fit / mbit:.3f}',
-        })  # fmt: skip
-        print(f'  fitted: {fit["profile"]}', flush=True)
-        results = []
-        for name in names:
-          overrides = {**group.settings, **group.variants[name]}
-          results.append(run(hosts, name, overrides, rate, workers // k, fit['profile']))
-          print(f'  {name}: {results[-1]["wall_s"]:.0f} s', flush=True)
-        target = FLAGS.target or _final(results[0]['records'])
-        runs[rate] = (results, target)
-        mine = {r['name']: r for r in results}
-        for method in peer_ddp.DDP_ARGS if FLAGS.torch_python else ():
-          line = run_ddp(hosts, method, rate, workers)
-          print(f'  DDP {method}: {line.get("median_step_ms", line.get("error"))}', flush=True)
-          ddp_rows.append(ddp_row(line, mine.get(method), k, rate, method))
-    free = {r['name']: r for r in runs.get('unlimited', ([], None))[0]}
-    for results, target in runs.values():
-      mine = [row(r, free.get(r['name']), target) for r in results]
-      versus_first(mine)
-      rows += mine
-  if not rows:
+        if not FLAGS.dry_run:
+          measure(hosts, rate, group, names, workers)
+  if FLAGS.dry_run:
     return
+  if not FLAGS.tables_only:
+    with open(os.path.join(FLAGS.workdir, 'command.txt'), 'w') as f:
+      f.write(' '.join(['python', 'experiments/bench_network.py', *sys.argv[1:]]) + '\n')
+  rows, links, ddp_rows, latency = tabulate(names, workers)
   target = FLAGS.target or "the first variant's final on that link"
   title = (f'{FLAGS.config} with {FLAGS.variants} settings, {workers} workers on {FLAGS.hosts} '
            f'hosts, {FLAGS.steps} steps; target {FLAGS.metric} {target}')  # fmt: skip
@@ -489,14 +436,16 @@ def main(argv):
   )
   print(f'\n{link_title}\n' + report.table(links, LINK_COLUMNS))
   print(f'\n{title}\n' + report.table(rows, COLUMNS))
-  why = notes(rows, latency, workers)
+  why = notes(rows, latency, workers, FLAGS.latency_us)
   print('\n'.join(['', *why]))
   ddp_title = f"the peers' PyTorch DDP ({peer_ddp.PEER_SCRIPT}, gloo) over the same links"
   if ddp_rows:
     print(f'\n{ddp_title}\n' + report.table(ddp_rows, DDP_COLUMNS))
   if FLAGS.results:
-    command = ' '.join(['python', 'experiments/bench_network.py', *sys.argv[1:]])
-    parts = [report.provenance(command), f'{link_title}:', report.markdown(links, LINK_COLUMNS),
+    made = report.provenance(measured_by())
+    if FLAGS.tables_only:
+      made += ' Tables redone from its runs by the same command with `--tables_only`.'
+    parts = [made, f'{link_title}:', report.markdown(links, LINK_COLUMNS),
              f'{title}:', report.markdown(rows, COLUMNS)]  # fmt: skip
     if why:
       parts.append('Where measured and modelled differ by more than 15 %:\n\n'

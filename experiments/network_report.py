@@ -1,0 +1,128 @@
+"""bench_network.py's tables, notes and plot: what the runs over real links measured.
+
+Rows are dicts of cells (strings) and, under keys starting with '_', the
+figures the notes read; `COLUMNS`, `DDP_COLUMNS` and `LINK_COLUMNS` pick and
+head the cells.
+"""
+
+from __future__ import annotations
+
+COLUMNS = [
+  ('hosts', 'hosts'),
+  ('variant', 'variant'),
+  ('rate', 'link'),
+  ('acc', 'final'),
+  ('sent', 'sent B/worker/step'),
+  ('collectives', 'collectives/step'),
+  ('measured', 'step s, measured'),
+  ('comm', 'comm s/step, measured'),
+  ('nominal', 'comm s/step, modelled'),
+  ('ratio', 'measured ÷ modelled'),
+  ('fitted', 'comm s/step, modelled on the fitted link'),
+  ('fitted_ratio', 'measured ÷ modelled on the fitted link'),
+  ('to_target', 'to the target, measured s'),
+  ('to_vs_first', "÷ the first's"),
+  ('to_target_model', 'to the target, modelled s'),
+]
+DDP_COLUMNS = [
+  ('hosts', 'hosts'),
+  ('rate', 'link'),
+  ('method', 'method'),
+  ('ddp_ms', 'DDP step ms'),
+  ('jd_ms', 'jaxdist step ms'),
+  ('ratio', 'jaxdist ÷ DDP'),
+  ('ddp_acc', 'DDP test acc'),
+  ('jd_acc', 'jaxdist final'),
+  ('ddp_sent', 'DDP B/rank/step'),
+]
+
+
+LINK_COLUMNS = [
+  ('hosts', 'hosts'),
+  ('rate', 'link'),
+  ('fitted_mbit', 'fitted Mbit/s'),
+  ('fitted_latency', 'fitted latency µs'),
+  ('off', 'fitted ÷ configured'),
+]
+
+
+def link_row(k: int, rate: str, fit: dict) -> dict:
+  """The links table's line of a fit."""
+  mbit = None if rate == 'unlimited' else float(rate)
+  fitted = fit['bandwidth'] * 8 / 1e6
+  return {
+    'hosts': k, 'rate': rate, 'fitted_mbit': f'{fitted:,.1f}',
+    'fitted_latency': f'{fit["latency"] * 1e6:,.0f}',
+    'off': '-' if mbit is None else f'{fitted / mbit:.3f}',
+  }  # fmt: skip
+
+
+def notes(rows: list[dict], latency_s: dict, workers: int, latency_us: float) -> list[str]:
+  """Why a run's measured communication is more than 15 % from its modelled one.
+
+  Either the measured difference is within twice its standard error of zero
+  (this machine's step-to-step noise hides the link), or it is split in two:
+  the modelled time of the bytes (the modelled communication less its α
+  terms), and the rest spread over the step's collectives, beside what one
+  collective's α costs: the configured one (`latency_us`) and the one fitted
+  on the link (`latency_s`, per hosts and link). Where the link added less
+  than the bytes' own time, the transfer overlapped time that the processes
+  wait for one another at unlimited rate too.
+  """
+  out = []
+  hops = 2 * (workers - 1)  # α per collective in the ring model
+  for r in rows:
+    comm, nominal, coll = r['_comm'], r['_nominal'], r['_collectives']
+    if comm is None or not nominal or abs(comm / nominal - 1) <= 0.15:
+      continue
+    where = f'{r["variant"]}, {r["hosts"]} hosts at {r["rate"]}'
+    if abs(comm) < 2 * r['_noise']:
+      out.append(
+        f'{where}: the measured communication, {1e3 * comm:.1f} ms, is within twice its '
+        f"standard error ({1e3 * r['_noise']:.1f} ms) of zero: the steps' noise hides the link."
+      )
+      continue
+    nbytes = nominal - coll * hops * latency_us * 1e-6  # the bandwidth terms
+    if comm < nbytes:
+      out.append(
+        f'{where}: measured {1e3 * comm:.1f} ms, modelled {1e3 * nominal:.1f} ms, less than '
+        f'its bytes alone take at the rate ({1e3 * nbytes:.1f} ms): the link added '
+        f"{comm / nbytes:.2f} of their time, the rest overlapping the processes' waits for "
+        'one another.'
+      )
+      continue
+    per = (comm - nbytes) / coll if coll else float('nan')
+    alpha_fit = latency_s[(r['hosts'], r['rate'])]
+    out.append(
+      f'{where}: measured {1e3 * comm:.1f} ms, modelled {1e3 * nominal:.1f} ms, of which '
+      f'{1e3 * nbytes:.1f} ms bytes; the other {1e3 * (comm - nbytes):.1f} ms measured is '
+      f"{1e3 * per:.2f} ms for each of the step's {coll:.1f} collectives, where the "
+      f'configured α prices {1e3 * hops * latency_us * 1e-6:.2f} ms a collective and the '
+      f'fitted one {1e3 * hops * alpha_fit:.2f} ms (on the fitted link, measured ÷ modelled = '
+      f'{r["fitted_ratio"]}).'
+    )
+  return out
+
+
+def plot(rows: list[dict], path: str) -> None:
+  """Measured against modelled communication per step, a point per run on a limited link."""
+  from matplotlib.figure import Figure
+
+  fig = Figure(figsize=(5.5, 5))
+  ax = fig.subplots()
+  points = [r for r in rows if r['comm'] != '-' and r['nominal'] != '-']
+  for link in sorted({r['rate'] for r in points}):
+    mine = [r for r in points if r['rate'] == link and float(r['nominal']) > 0]
+    xs = [1e3 * float(r['nominal']) for r in mine]
+    ys = [1e3 * max(float(r['comm']), 1e-4) for r in mine]  # at most 0.1 ms: drawn at 0.1 ms
+    ax.scatter(xs, ys, label=link)
+    for x, y, r in zip(xs, ys, mine, strict=True):
+      ax.annotate(r['variant'], (x, y), fontsize=6, xytext=(3, 2), textcoords='offset points')
+  top = max([1.0, *(1e3 * float(r['nominal']) for r in points)]) * 2
+  ax.plot([0.1, top], [0.1, top], color='gray', ls='--', lw=1, label='measured = modelled')
+  ax.set(xscale='log', yscale='log', xlabel='modelled communication per step (ms)',
+         ylabel='measured communication per step (ms)')  # fmt: skip
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
