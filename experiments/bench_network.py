@@ -307,6 +307,7 @@ def row(result: dict, free: dict | None, target: float | None) -> dict:
     'to_target_model': seconds(modelled_to),
     '_comm': comm if net else None, '_noise': noise, '_nominal': nominal, '_fitted': fitted,
     '_collectives': _mean(records, 'collectives'), '_to_target': to_target,
+    '_overlap': _mean(records, f'overlap_s@{net}') if net else None,
   }  # fmt: skip
 
 
