@@ -63,6 +63,12 @@ bench-network: $(VENV)/.installed
 	$(PY) experiments/bench_network.py --steps=200 --config=configs/shakespeare_gpt.py \
 	  --variants=configs/variants/network_lm.py --metric=test_loss --hosts=2 \
 	  --rates=100,unlimited --workdir=workdir/network_lm --results=experiments/results/network_lm.md
+	$(PY) experiments/bench_network.py --hosts=2 --rates=100,unlimited --only=dense,dense_bucketed \
+	  --steps=100 --workdir=workdir/network_buckets --results=experiments/results/network_buckets.md
+	$(PY) experiments/bench_network.py --config=configs/shakespeare_gpt.py \
+	  --variants=configs/variants/network_lm.py --metric=test_loss --hosts=2 --rates=100,unlimited \
+	  --only=bsp,bsp_bucketed --steps=60 --workdir=workdir/network_buckets_lm \
+	  --results=experiments/results/network_buckets_lm.md
 
 # jaxdist beside PyTorch DDP on the digits CNN: jaxdist's half, and DDP's beside it with
 # TORCH_PYTHON=path/to/torchenv/bin/python (a separate venv with torch; never this one)
