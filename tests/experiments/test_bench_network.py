@@ -116,14 +116,27 @@ def test_two_hosts_train_over_the_link_beside_ddp(tmp_path, data_dir):
   ]
   assert len(rows) == 2, text
   for line in rows:
-    measured = float(line.split('|')[6])
+    measured = float(line.split('|')[7])
     assert 0 < measured < 60, line
   # the (fake) peers' DDP on the same hosts, beside jaxdist's runs of the same names
-  ddp = [line.split('|')[1:-1] for line in text.split('PyTorch DDP')[1].splitlines()[3:6]]
+  ddp = [line.split('|')[1:-1] for line in text.split('PyTorch DDP')[1].splitlines()[4:7]]
   assert [[c.strip() for c in row[:4]] for row in ddp] == [
     ['2', 'unlimited', 'dense', '12.5'], ['2', 'unlimited', 'powersgd2', '12.5'],
     ['2', 'unlimited', 'local4', '12.5'],
   ], text  # fmt: skip
-  jd_dense = float(rows[0].split('|')[6]) * 1e3
+  jd_dense = float(rows[0].split('|')[7]) * 1e3
   assert float(ddp[0][4]) == pytest.approx(jd_dense, abs=0.051), text
   assert ddp[1][4].strip() == '-' and ddp[1][5].strip() == '-'  # no jaxdist powersgd2 run
+  # the tables come from the workdir alone: --tables_only remakes them, no root, no training
+  again = tmp_path / 'again.md'
+  proc = subprocess.run(
+    [sys.executable, os.path.join(REPO, 'experiments', 'bench_network.py'), '--hosts=2',
+     '--rates=unlimited', '--only=dense,local4', '--steps=6', '--skip=2', '--tables_only',
+     f'--workdir={tmp_path}', f'--results={again}'],
+    cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  first, *rest = again.read_text().split('\n')
+  assert first.endswith('Tables redone from its runs by the same command with `--tables_only`.')
+  assert first.startswith(text.split('\n')[0].removesuffix('.'))  # the command that trained
+  assert rest == text.split('\n')[1:]

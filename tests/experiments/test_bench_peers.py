@@ -71,10 +71,11 @@ def test_ddp_command_passes_side_by_side_sh_s_settings(bench):
   assert set(bench.DDP_ARGS) < set(methods) and 'topk1_ef' not in bench.DDP_ARGS
 
 
-def test_peer_output_is_the_last_json_object_line(bench):
+def test_peer_output_is_the_last_json_object_line():
+  peer_ddp = load_experiment('peer_ddp')
   out = 'noise\n{"hook": "none", "median_step_ms": 1.5}\n{not json\n[1, 2]\n  \n'
-  assert bench.parse_peer_output(out) == {'hook': 'none', 'median_step_ms': 1.5}
-  assert bench.parse_peer_output('no json here\n') is None
+  assert peer_ddp.parse_peer_output(out) == {'hook': 'none', 'median_step_ms': 1.5}
+  assert peer_ddp.parse_peer_output('no json here\n') is None
 
 
 def test_a_failed_ddp_run_is_an_error_line_not_an_exception(bench, peers_dir, monkeypatch):
