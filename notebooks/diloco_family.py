@@ -73,8 +73,8 @@ jd.runtime.cpu_devices(8)  # 8 CPU devices, before JAX starts
 # (configs/variants/lm.py); `:small` is nanoGPT's 10.7M-parameter model, for a GPU.
 
 # %%
-STEPS = 36
-H = 12  # DiLoCo's period: 3 outer steps in the run
+STEPS = 24
+H = 8  # DiLoCo's period: 3 outer steps in the run
 common = {'progress': False, 'steps': STEPS, 'eval_every': H, 'checkpoint_every': STEPS}
 METHODS = {
   'AdamW, all-reduce (BSP)': {'sync.method': 'allreduce'},
@@ -90,7 +90,7 @@ METHODS = {
   f'SparseLoCo H={H}, 3 %, 2-bit': {'sync.method': 'sparseloco', 'sync.sparseloco.period': H},
   'DeMo': {'sync.method': 'demo', 'optimizer.learning_rate': 3e-3},
   'int8 block all-reduce': {'sync.method': 'quantized_allreduce'},
-  '1-bit Adam (variance frozen at step 12)': {
+  f'1-bit Adam (variance frozen at step {H})': {
     'sync.method': 'onebit_adam',
     'sync.onebit_adam.warmup_steps': H,
     'sync.onebit_adam.weight_decay': 0.1,
