@@ -20,8 +20,8 @@ SETTINGS = {
 }
 VARIANTS = {
   'dense': method('allreduce'),
-  # the same numbers, its leaves flattened into 25 MiB buckets (DDP's): one collective, not
-  # one per leaf (gloo between processes pays a fixed cost per leaf of a tuple all-reduce)
+  # the same numbers, its leaves flattened into 25 MiB buckets (DDP's): one collective where
+  # XLA's tuple all-reduce has one operand per leaf, each costly between processes on a CPU
   'dense_bucketed': method('bucketed_allreduce', buckets=25 * 2**20),
   'topk1_ef': compressed('topk', ratio=0.01, selection='bisect'),
   'artopk1': compressed('topk', 'allreduce', ratio=0.01),

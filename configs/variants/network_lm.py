@@ -22,8 +22,8 @@ STREAMING = method(
 
 VARIANTS = {
   'bsp': method('allreduce'),
-  # the same numbers, its leaves flattened into 25 MiB buckets (DDP's): one collective, not
-  # one per leaf (gloo between processes pays a fixed cost per leaf of a tuple all-reduce)
+  # the same numbers, its leaves flattened into 25 MiB buckets (DDP's): one collective where
+  # XLA's tuple all-reduce has one operand per leaf, each costly between processes on a CPU
   'bsp_bucketed': method('bucketed_allreduce', buckets=25 * 2**20),
   'int8_allreduce': method('quantized_allreduce', format='int8'),
   'diloco10': {**method('diloco', period=10), **INNER},
