@@ -128,6 +128,11 @@ def launch(hosts: netns.Hosts, commands: list[list[str]], logdir: str, env: dict
     raise RuntimeError(f'{logdir}: process {failed[0]} exited non-zero:\n{tail}')
 
 
+def _env() -> dict:
+  """This environment, with jaxdist's checkout first on PYTHONPATH."""
+  return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
+
+
 def _folder(k: int, rate: str) -> str:
   """Where the runs of `k` hosts at `rate` write."""
   return os.path.abspath(os.path.join(FLAGS.workdir, f'k{k}_{rate}'))
@@ -152,10 +157,9 @@ def run(
     f'--coordinator_address={hosts.addresses[0]}:23456', f'--num_processes={k}',
     *flags_of(overrides), f'--config.network.profiles={nets}',
   ]  # fmt: skip
-  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
   start = time.perf_counter()
   commands = [[*base, f'--process_id={i}', f'--cpu_devices={devices}'] for i in range(k)]
-  launch(hosts, commands, workdir, env)
+  launch(hosts, commands, workdir, _env())
   return time.perf_counter() - start
 
 
@@ -193,31 +197,19 @@ def _ddp_once(hosts: netns.Hosts, method: str, rate: str, workers: int) -> dict:
     return peer_ddp.result(0, f.read(), '')
 
 
-def calibrate(hosts: netns.Hosts, devices: int) -> dict:
+def calibrate(hosts: netns.Hosts, devices: int, folder: str) -> dict:
   """α and β fitted to all-reduces across the hosts, `devices` workers on each (calibrate_link.py).
 
   The runs' layout: the fitted ring of all the workers is what their modelled clock prices.
+  The processes log to `folder`/calibrate.
   """
   script = os.path.join(ROOT, 'experiments', 'calibrate_link.py')
-  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
   base = [sys.executable, script, f'--coordinator_address={hosts.addresses[0]}:23457',
           f'--num_processes={hosts.k}', f'--cpu_devices={devices}']  # fmt: skip
-  procs = [
-    hosts.popen(
-      i,
-      [*base, f'--process_id={i}'],
-      env=env,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-    )
-    for i in range(hosts.k)
-  ]
-  outs = [p.communicate(timeout=FLAGS.timeout_s) for p in procs]
-  for i, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
-    if p.returncode != 0:
-      raise RuntimeError(f'calibration: process {i} exited non-zero:\n{err[-3000:]}')
-  fitted = json.loads(outs[0][0].strip().splitlines()[-1])
+  logdir = os.path.join(folder, 'calibrate')
+  launch(hosts, [[*base, f'--process_id={i}'] for i in range(hosts.k)], logdir, _env())
+  with open(os.path.join(logdir, 'process0.log')) as f:
+    fitted = peer_ddp.parse_peer_output(f.read())  # process 0's last JSON line
   spec = f'{fitted["bandwidth"] * 8 / 1e9:.4g}gbps@{fitted["latency"] * 1e6:.4g}us'
   return fitted | {'profile': spec}
 
@@ -343,9 +335,8 @@ def measure(hosts: netns.Hosts, rate: str, group, names: list[str], workers: int
   variant's run in its folder, DDP's JSON lines in ddp_<method>.json.
   """
   k, folder = hosts.k, _folder(hosts.k, rate)
-  fit = calibrate(hosts, workers // k)
+  fit = calibrate(hosts, workers // k, folder)
   print(f'  fitted: {fit["profile"]}', flush=True)
-  os.makedirs(folder, exist_ok=True)
   with open(os.path.join(folder, 'link.json'), 'w') as f:
     json.dump(fit, f)
   for name in names:

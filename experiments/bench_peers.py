@@ -65,19 +65,8 @@ LABELS = {
   'topk1_ef': 'Top-k 1% all-gather, EF',
   'dgc1': 'DGC 1% all-gather, EF (sampled threshold)',
 }
-# the settings of side_by_side.sh, as overrides of configs/digits.py
-SETTINGS = {
-  'workers': WORKERS,
-  'optimizer.learning_rate': 0.05,
-  'optimizer.nesterov': False,
-  'optimizer.schedule': 'constant',
-  'optimizer.weight_decay': 0.0,
-  'optimizer.warmup_steps': 0,
-  # DDP all-reduces gradients at steps 0-9 and PeriodicModelAverager(4, warmup_steps=10) averages
-  # after steps 10, 14, ...: local_sgd's schedule with 11 warm-up steps (its docstring)
-  'sync.local_sgd.warmup_steps': 11,
-  'progress': False,
-}
+# side_by_side.sh's workers; the rest of its settings are the variants file's SETTINGS
+SETTINGS = {'workers': WORKERS, 'progress': False}
 TARGET_DENSE_VS_DDP = 0.5  # target: jaxdist's dense step at most this times DDP's
 # targets: step ÷ dense at most these (the Top-k one held to both the exact and DGC's)
 TARGET_RATIOS = {'powersgd2': 1.1, 'topk1_ef': 1.2, 'dgc1': 1.2}

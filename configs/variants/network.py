@@ -2,22 +2,17 @@
 
 The digits CNN, 8 workers spread over the hosts (network namespaces) that
 bench_network makes; its measured steps beside the modelled clock. The
-settings are the peers' work (experiments/bench_peers.py, side_by_side.sh):
-SGD lr 0.05 momentum 0.9, constant, no weight decay, and local SGD's 11
-warm-up steps; so `dense`, `powersgd2` and `local4` train what the peers'
-DDP trains when bench_network runs it beside them (`--torch_python`).
+settings are the peers' work, configs/variants/peers.py's, so `dense`,
+`powersgd2` and `local4` train what the peers' DDP trains when bench_network
+runs it beside them (`--torch_python`).
 """
 
+import os
+
+from jaxdist.train import compare
 from jaxdist.train.config import compressed, method
 
-SETTINGS = {
-  'optimizer.learning_rate': 0.05,
-  'optimizer.nesterov': False,
-  'optimizer.schedule': 'constant',
-  'optimizer.weight_decay': 0.0,
-  'optimizer.warmup_steps': 0,
-  'sync.local_sgd.warmup_steps': 11,
-}
+SETTINGS = compare.load_group(os.path.join(os.path.dirname(__file__), 'peers.py')).settings
 VARIANTS = {
   'dense': method('allreduce'),
   # the same numbers, its leaves flattened into 25 MiB buckets (DDP's): one collective where

@@ -1,6 +1,22 @@
-"""The methods experiments/bench_peers.py times beside PyTorch DDP (`make bench-peers`)."""
+"""The methods experiments/bench_peers.py times beside PyTorch DDP (`make bench-peers`).
+
+`SETTINGS` are the peers' work (../shared/peers/side_by_side.sh) as overrides
+of configs/digits.py: SGD lr 0.05 momentum 0.9, no Nesterov, constant, no
+weight decay. configs/variants/network.py trains the same work over real links.
+"""
 
 from jaxdist.train.config import compressed, method
+
+SETTINGS = {
+  'optimizer.learning_rate': 0.05,
+  'optimizer.nesterov': False,
+  'optimizer.schedule': 'constant',
+  'optimizer.weight_decay': 0.0,
+  'optimizer.warmup_steps': 0,
+  # DDP all-reduces gradients at steps 0-9 and PeriodicModelAverager(4, warmup_steps=10) averages
+  # after steps 10, 14, ...: local_sgd's schedule with 11 warm-up steps (its docstring)
+  'sync.local_sgd.warmup_steps': 11,
+}
 
 VARIANTS = {
   'dense': method('allreduce'),

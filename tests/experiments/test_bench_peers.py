@@ -243,8 +243,11 @@ def test_the_network_benchmark_trains_the_peers_work(bench):
 
   network = compare.load_group(os.path.join(REPO, 'configs', 'variants', 'network.py'))
   peers = compare.load_group(bench.VARIANTS)
-  assert network.settings == {
-    k: v for k, v in bench.SETTINGS.items() if k not in ('workers', 'progress')
-  }
+  assert network.settings == peers.settings == {  # side_by_side.sh's
+    'optimizer.learning_rate': 0.05, 'optimizer.nesterov': False,
+    'optimizer.schedule': 'constant', 'optimizer.weight_decay': 0.0,
+    'optimizer.warmup_steps': 0, 'sync.local_sgd.warmup_steps': 11,
+  }  # fmt: skip
+  assert bench.SETTINGS == {'workers': 8, 'progress': False}
   for name in bench.DDP_ARGS:
     assert network.variants[name] == peers.variants[name], name
