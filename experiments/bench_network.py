@@ -353,6 +353,14 @@ def measure(hosts: netns.Hosts, rate: str, group, names: list[str], workers: int
 def collect(k: int, rate: str, names: list[str]) -> tuple[dict, list[dict], dict]:
   """What `measure` wrote for `k` hosts at `rate`: the fit, the runs' records, DDP's lines."""
   folder = _folder(k, rate)
+  missing = [p for p in ['link.json', *(f'{n}/metrics.jsonl' for n in names)]
+             if not os.path.exists(os.path.join(folder, p))]  # fmt: skip
+  if missing:
+    raise app.UsageError(
+      f'--workdir={FLAGS.workdir} has no run of {k} hosts at {rate} ({folder}: no '
+      f'{", ".join(missing)}): train it first (without --tables_only), or give the '
+      '--hosts, --rates and --only it was trained with'
+    )
   with open(os.path.join(folder, 'link.json')) as f:
     fit = json.load(f)
   results = []

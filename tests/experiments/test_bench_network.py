@@ -140,3 +140,15 @@ def test_two_hosts_train_over_the_link_beside_ddp(tmp_path, data_dir):
   assert first.endswith('Tables redone from its runs by the same command with `--tables_only`.')
   assert first.startswith(text.split('\n')[0].removesuffix('.'))  # the command that trained
   assert rest == text.split('\n')[1:]
+
+
+def test_tables_only_names_what_the_workdir_lacks(tmp_path):
+  proc = subprocess.run(
+    [sys.executable, os.path.join(REPO, 'experiments', 'bench_network.py'), '--hosts=2',
+     '--rates=100', '--only=dense', '--tables_only', f'--workdir={tmp_path}'],
+    cwd=REPO, capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  assert proc.returncode != 0
+  assert f'--workdir={tmp_path} has no run of 2 hosts at 100' in proc.stderr
+  assert 'no link.json, dense/metrics.jsonl' in proc.stderr
+  assert 'Traceback' not in proc.stderr
