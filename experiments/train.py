@@ -45,7 +45,7 @@ def main(argv):
     runtime.initialize_distributed(
       FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.heartbeat_timeout_s
     )
-  cli.run(train.train_and_evaluate, FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh)
+  cli.run(train.train_and_evaluate, FLAGS.config, FLAGS.workdir, fresh=FLAGS.fresh, tables=True)
 
 
 if __name__ == '__main__':

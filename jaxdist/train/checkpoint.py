@@ -27,6 +27,7 @@ class Checkpointer:
     self._manager = ocp.CheckpointManager(
       self.directory, options=options, item_names=('state', 'meta', 'control')
     )
+    self.saved_step: int | None = None  # the step this object last saved
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -35,6 +36,7 @@ class Checkpointer:
     self, step: int, state: Any, meta: dict[str, Any], control: dict[str, Any] | None = None
   ) -> None:
     """Starts writing checkpoint `step`; device buffers are copied before it returns."""
+    self.saved_step = step
     self._manager.save(
       step,
       args=ocp.args.Composite(

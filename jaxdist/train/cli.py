@@ -13,6 +13,7 @@ import difflib
 import logging as pylogging
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -68,13 +69,35 @@ def warnings_unless_asked() -> None:
 
 
 def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-  """Calls fn; a ConfigError becomes one `error:` line on stderr and exit status 2."""
+  """Calls fn; a ConfigError or an interruption ends the binary with one line on stderr.
+
+  A ConfigError: `error: ...`, exit status 2. A run stopped by SIGINT or
+  SIGTERM (`interrupt.Interrupted`, its checkpoint saved): `interrupted at
+  step N; ...`, exit status 130 or 143, as the shell gives a process the
+  signal ended. Ctrl-C anywhere else (before or between runs): one line and
+  status 130, no traceback.
+
+  Args:
+    fn: the library call the binary makes.
+    *args: its positional arguments.
+    **kwargs: its keyword arguments.
+
+  Returns:
+    What `fn` returns.
+  """
   from jaxdist.train.factory import ConfigError
+  from jaxdist.train.interrupt import Interrupted
 
   try:
     return fn(*args, **kwargs)
   except ConfigError as e:
     fail(str(e))
+  except Interrupted as e:
+    print(e.message(), file=sys.stderr)
+    sys.exit(e.exit_status)
+  except KeyboardInterrupt:
+    print('interrupted; rerun the same command to resume', file=sys.stderr)
+    sys.exit(128 + signal.SIGINT)
 
 
 def integers(name: str) -> None:

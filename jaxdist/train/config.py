@@ -325,8 +325,10 @@ def adaptive() -> dict[str, Any]:
 def fault() -> ml_collections.ConfigDict:
   """`config.fault`: fault injection (`jaxdist.faults.inject`).
 
-  kill_at_step: SIGKILL the process after this step is logged, losing the
-  steps since the last checkpoint (0 = never). straggle:
+  kill_at_step: send `signal` to this process after this step is logged (0 =
+  never). signal: 'SIGKILL' (a crash: the steps since the last checkpoint are
+  lost), 'SIGTERM' (a scheduler's preemption) or 'SIGINT' (Ctrl-C): the run
+  saves a checkpoint at the step it reached and ends. straggle:
   'worker:factor@start-end', comma-separated: the worker computes factor x
   slower on steps start+1..end (the modelled clock; each method's waiting
   rule decides who waits). drop: 'worker@start[-end]': the worker takes no
@@ -335,6 +337,7 @@ def fault() -> ml_collections.ConfigDict:
   """
   f = ml_collections.ConfigDict()
   f.kill_at_step = 0
+  f.signal = 'SIGKILL'
   f.straggle = ''
   f.drop = ''
   return f

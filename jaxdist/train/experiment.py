@@ -47,6 +47,7 @@ class Experiment:
   noise_every: int  # 0: never
   noise_decay: float
   kill_at_step: int  # 0: never
+  kill_signal: int  # what kill_at_step sends (config.fault.signal)
   # the step
   way: str  # how a device computes its workers' gradients (make_train_step's per_worker)
   way_asked: str  # the way as the config gives it ('auto' unresolved)

@@ -6,7 +6,8 @@ simulation). `step(t, state)` trains step t (0-based) and returns the new
 state; after it, each hook sees the loop (`Loop`: the state and the steps
 done) and may change it: evaluate, checkpoint, or rewind to an earlier step
 (a failure's full recovery). Hooks run inside `paused()`, which keeps their
-time off a training clock.
+time off a training clock. Before each step `stop(loop)` may end the loop
+early (Ctrl-C and preemption, `jaxdist.train.interrupt`).
 """
 
 from __future__ import annotations
@@ -34,9 +35,21 @@ def run(
   step: Callable[[int, Any], Any],
   hooks: Sequence[Hook] = (),
   paused: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+  stop: Callable[[Loop], bool] | None = None,
 ) -> Loop:
-  """Trains from `loop.t` to `loop.steps`, running `hooks` after every step; returns `loop`."""
-  while loop.t < loop.steps:
+  """Trains from `loop.t` to `loop.steps`, running `hooks` after every step; returns `loop`.
+
+  Args:
+    loop: the state and the steps done so far, of `loop.steps`.
+    step: `step(t, state)` trains step t (0-based) and returns the new state.
+    hooks: called with the loop after every step, inside `paused()`.
+    paused: a context manager that keeps the hooks' time off a clock.
+    stop: asked before every step; True ends the loop there (`loop.t < loop.steps`).
+
+  Returns:
+    `loop`, with the state after the last step trained and `t` its count.
+  """
+  while loop.t < loop.steps and not (stop and stop(loop)):
     loop.state = step(loop.t, loop.state)
     loop.t += 1
     with paused():

@@ -42,8 +42,8 @@ RUN_FILES = (
 MAY_CHANGE_ON_RESUME = (
   'steps', 'workers', 'devices', 'sync.per_worker', 'eval_every', 'eval_batch_size',
   'noise_every', 'noise_decay', 'checkpoint_every', 'keep_checkpoints', 'progress',
-  'fault.kill_at_step', 'dataset.data_dir', 'dataset.download', 'network.compute_budget_s',
-  'compare', 'variants',
+  'fault.kill_at_step', 'fault.signal', 'dataset.data_dir', 'dataset.download',
+  'network.compute_budget_s', 'compare', 'variants',
 )  # fmt: skip
 START_AFRESH = (
   'resume with the config that wrote it, or start afresh with --fresh (fresh=True in Python), '

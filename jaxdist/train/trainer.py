@@ -23,7 +23,17 @@ from typing import Any
 import jax
 
 from jaxdist import comm, data
-from jaxdist.train import calibrate, checkpoint, elastic, factory, feed, ledger, metrics, report
+from jaxdist.train import (
+  calibrate,
+  checkpoint,
+  elastic,
+  factory,
+  feed,
+  interrupt,
+  ledger,
+  metrics,
+  report,
+)
 from jaxdist.train import loop as loop_lib
 from jaxdist.train import step as step_lib
 from jaxdist.train.columns import Column, legend
@@ -43,22 +53,50 @@ from jaxdist.train.steplog import Clock, StepLog
 ConfigError = factory.ConfigError
 
 
-def train_and_evaluate(config, workdir: str, *, fresh: bool = False) -> dict[str, Any]:
+def train_and_evaluate(
+  config, workdir: str, *, fresh: bool = False, label: str = '', tables: bool = False
+) -> dict[str, Any]:
   """Trains and evaluates as `config` says, in `workdir`; returns the summary.
 
   Resumes from the latest checkpoint in `workdir` if there is one and its
   config matches (`resume.check_resume`); with `fresh`, removes that run instead
   (`resume.clear_run`) and starts anew.
 
+  Args:
+    config: the run's config (`jaxdist/train/config.py: base()` has every key).
+    workdir: the run's directory: checkpoints, metrics, summary and plots.
+    fresh: remove the run in `workdir` first instead of resuming it.
+    label: the run's name on the console (its progress bar and result line).
+    tables: also print the summary's per-run and per-step tables and their legend.
+
+  Returns:
+    The summary (also written to `summary.json`): test metrics, throughput,
+    bytes sent and the modelled time on each network.
+
   Raises:
     ConfigError: a bad config or work directory, or a checkpoint that may not
       resume with `config`, before anything is written.
+    interrupt.Interrupted: SIGINT or SIGTERM stopped the run, after saving its
+      checkpoint at the step it reached.
   """
-  return train(factory.build(config, os.path.abspath(workdir)), fresh=fresh)
+  exp = factory.build(config, os.path.abspath(workdir))
+  return train(exp, fresh=fresh, label=label, tables=tables)
 
 
-def train(exp: Experiment, *, fresh: bool = False) -> dict[str, Any]:
-  """Trains and evaluates the run `exp` (`factory.build`) in `exp.workdir`; the summary."""
+def train(
+  exp: Experiment, *, fresh: bool = False, label: str = '', tables: bool = False
+) -> dict[str, Any]:
+  """Trains and evaluates the run `exp` (`factory.build`) in `exp.workdir`; the summary.
+
+  Args:
+    exp: the run, built and checked from its config.
+    fresh: remove the run in `exp.workdir` first instead of resuming it.
+    label: the run's name on the console (its progress bar and result line).
+    tables: also print the summary's tables and their legend.
+
+  Returns:
+    The run's summary (`train_and_evaluate`'s).
+  """
   workers, lead = exp.workers, jax.process_index() == 0
   open_workdir(exp, fresh)
   logging.info('%s', exp)
@@ -71,67 +109,87 @@ def train(exp: Experiment, *, fresh: bool = False) -> dict[str, Any]:
   )
   state_shape = jax.eval_shape(init, jax.random.key(exp.seed))
   ckpt = checkpoint.Checkpointer(os.path.join(exp.workdir, CHECKPOINTS), keep=exp.keep_checkpoints)
-  state, start, meta, control_state = restore_or_init(exp, ckpt, init, state_shape)
-  if lead:  # the config this run goes on with
-    metrics.write_atomic(os.path.join(exp.workdir, CONFIG_FILE), json.dumps(exp.record, indent=2))
+  with interrupt.Stop(exp.steps) as stop:
+    state, start, meta, control_state = restore_or_init(exp, ckpt, init, state_shape)
+    if lead and start:
+      print('  '.join(filter(None, [label, f'resumed from step {start} of {exp.steps}'])))
+    if lead:  # the config this run goes on with
+      metrics.write_atomic(os.path.join(exp.workdir, CONFIG_FILE), json.dumps(exp.record, indent=2))
 
-  compute_s = calibrate.worker_step_s(exp, meta)  # the compute term of the modelled clock
-  prices = ledger.Ledger.of(exp, comm.find_transfers(state_shape.opt_state), compute_s)
-  bar = report.progress(exp.steps, start, enabled=lead and exp.progress)
-  clock, wall0 = Clock(), time.time()
-  host = Host(exp, compute_s, prices, clock, calibrate.candidate_step_s(exp, meta))
-  host.restore(control_state)
-  writer = metrics.MetricsWriter(exp.workdir, start, enabled=lead)
-  log = StepLog(writer, prices, exp.schedule, bar.show, host.observe, host.compute_at)
+    compute_s = calibrate.worker_step_s(exp, meta)  # the compute term of the modelled clock
+    prices = ledger.Ledger.of(exp, comm.find_transfers(state_shape.opt_state), compute_s)
+    bar = report.progress(exp.steps, start, enabled=lead and exp.progress, label=label)
+    clock, wall0 = Clock(), time.time()
+    host = Host(exp, compute_s, prices, clock, calibrate.candidate_step_s(exp, meta))
+    host.restore(control_state)
+    writer = metrics.MetricsWriter(exp.workdir, start, enabled=lead)
+    log = StepLog(writer, prices, exp.schedule, bar.show, host.observe, host.compute_at)
 
-  def step(t: int, state):
-    plan = host.plan(t, log)  # first the last step's record, if the plan reads it
-    state = host.prepare(state, plan)
-    batch, tx_args, fields = host.batch(t, state, plan)
-    state, m = train_step(state, *batch, **tx_args)
-    log.push(t + 1, m, plan)
-    log.add(fields)
-    bar.update(1)
-    clock.step(m)
-    return state
+    def step(t: int, state):
+      plan = host.plan(t, log)  # first the last step's record, if the plan reads it
+      state = host.prepare(state, plan)
+      batch, tx_args, fields = host.batch(t, state, plan)
+      state, m = train_step(state, *batch, **tx_args)
+      log.push(t + 1, m, plan)
+      log.add(fields)
+      bar.update(1)
+      clock.step(m)
+      return state
 
-  evaluation = Evaluation(exp, log)
-  saved = {'seed': exp.seed, 'config': dict(exp.record), 'compute_s': compute_s,
-           'compute_s_candidates': host.candidate_s, **elastic.recorded(exp)}  # fmt: skip
-  exploring = lambda: host.exploring  # evaluations and checkpoints wait for its end
-  hooks = [
-    host.finish_at_last,  # an exploration still running at the last step is undone
-    loop_lib.every(exp.eval_every, evaluation, wait=exploring),
-    loop_lib.every(exp.checkpoint_every, saving(ckpt, log, host, saved), wait=exploring),
-    kill_at_step(exp.kill_at_step, log, ckpt),
-  ]
-  loop = loop_lib.run(loop_lib.Loop(state, start, exp.steps), step, hooks, clock.paused)
-  log.flush()
-  jax.block_until_ready(loop.state)
+    evaluation = Evaluation(exp, log)
+    saved = {'seed': exp.seed, 'config': dict(exp.record), 'compute_s': compute_s,
+             'compute_s_candidates': host.candidate_s, **elastic.recorded(exp)}  # fmt: skip
+    save = saving(ckpt, log, host, saved)
+    exploring = lambda: host.exploring  # evaluations, checkpoints and stops wait for its end
+    hooks = [
+      host.finish_at_last,  # an exploration still running at the last step is undone
+      loop_lib.every(exp.eval_every, evaluation, wait=exploring),
+      loop_lib.every(exp.checkpoint_every, save, wait=exploring),
+      kill_at_step(exp.kill_at_step, exp.kill_signal, log, ckpt),
+    ]
+    stops = lambda loop: stop.stops_at(loop.t) and not exploring()
+    loop = loop_lib.run(loop_lib.Loop(state, start, exp.steps), step, hooks, clock.paused, stops)
+    log.flush()
+    jax.block_until_ready(loop.state)
+    if loop.t < exp.steps or stop.settle():  # every process stops at this step
+      if loop.t > start and ckpt.saved_step != loop.t:
+        save(loop)
+      _close(bar, log.writer, ckpt)
+      raise interrupt.Interrupted(loop.t, stop.signum)
   last_eval = evaluation.last or evaluation.run(loop.state)  # nothing left to train
-  bar.close()
-  log.writer.close()
-  ckpt.close()
+  _close(bar, log.writer, ckpt)
 
   records = metrics.read_jsonl(log.writer.path) if lead else []
-  samples_per_s = clock.steps * exp.batch_size / clock.seconds() if clock.steps else None
-  tokens = ds.tokens_per_example
   summary = {
     'dataset': exp.dataset_name, 'model': exp.model_name, 'sync': exp.method,
     'workers': workers.count, 'steps': exp.steps, 'steps_this_run': exp.steps - start,
-    'test_accuracy': last_eval.get('test_accuracy'), 'test_loss': last_eval.get('test_loss'),
-    'samples_per_s': samples_per_s,
-    **({} if tokens is None else {
-      'test_bits': last_eval.get('test_bits'), 'unit': ds.unit,
-      'tokens_per_s': samples_per_s and samples_per_s * tokens,
-    }),
-    'wall_s': time.time() - wall0,
+    **_task_metrics(exp, last_eval, clock), 'wall_s': time.time() - wall0,
     **ledger.summarize(records, list(exp.networks), compute_s, exp.clock),
     **host.summary(),
   }  # fmt: skip
   if lead:
-    _report(exp, summary, records, log.writer.path)
+    _report(exp, summary, records, log.writer.path, label, tables)
   return summary
+
+
+def _close(*things) -> None:
+  """Closes the run's progress bar, metrics writer and checkpointer (waiting for its writes)."""
+  for thing in things:
+    thing.close()
+
+
+def _task_metrics(exp: Experiment, last_eval: dict[str, float], clock: Clock) -> dict[str, Any]:
+  """The summary's test metrics and throughput: a text's also in bits and tokens per second."""
+  samples_per_s = clock.steps * exp.batch_size / clock.seconds() if clock.steps else None
+  tokens = exp.dataset.tokens_per_example
+  return {
+    'test_accuracy': last_eval.get('test_accuracy'), 'test_loss': last_eval.get('test_loss'),
+    'samples_per_s': samples_per_s,
+    **({} if tokens is None else {
+      'test_bits': last_eval.get('test_bits'), 'unit': exp.dataset.unit,
+      'tokens_per_s': samples_per_s and samples_per_s * tokens,
+    }),
+  }  # fmt: skip
 
 
 class Evaluation:
@@ -170,36 +228,45 @@ def saving(ckpt: checkpoint.Checkpointer, log: StepLog, host: Host, meta: dict[s
   return save
 
 
-def kill_at_step(step: int, log: StepLog, ckpt: checkpoint.Checkpointer) -> loop_lib.Hook:
-  """Fault-injection hook: SIGKILL this process once step `step` is logged (0 = never).
+def kill_at_step(step: int, signum: int, log: StepLog, ckpt: checkpoint.Checkpointer):
+  """Fault-injection hook: send `signum` to this process once step `step` is logged (0 = never).
 
-  A crash between checkpoints: the steps after the last checkpoint are
-  logged, then lost, and a rerun resumes from the checkpoint.
+  SIGKILL is a crash between checkpoints: the steps after the last checkpoint
+  are logged, then lost, and a rerun resumes from the checkpoint. SIGTERM
+  (a scheduler's preemption) and SIGINT (Ctrl-C) reach the run's handlers
+  (`interrupt.Stop`), which stop it with a checkpoint at the step it reached.
+
+  Returns:
+    The hook (`loop.Hook`).
   """
 
   def hook(loop: loop_lib.Loop) -> None:
     if loop.t != step:
       return
-    log.flush()
-    log.writer.flush()
-    ckpt.wait()  # only so that which checkpoint survives is deterministic
-    logging.warning('fault.kill_at_step=%d: killing this process (SIGKILL)', loop.t)
-    os.kill(os.getpid(), signal.SIGKILL)
+    if signum == signal.SIGKILL:
+      log.flush()
+      log.writer.flush()
+      ckpt.wait()  # only so that which checkpoint survives is deterministic
+    logging.warning('fault.kill_at_step=%d: sending %s to this process', loop.t,
+                    signal.Signals(signum).name)  # fmt: skip
+    os.kill(os.getpid(), signum)
 
   return hook
 
 
-def _report(exp: Experiment, summary: dict[str, Any], records, metrics_path: str) -> None:
-  """summary.json, the curves' PNG and the tables on the console."""
+def _report(exp: Experiment, summary: dict[str, Any], records, metrics_path: str, label: str,
+            tables: bool) -> None:  # fmt: skip
+  """summary.json, the curves' PNG, and on the console the result line (and the tables)."""
   metrics.write_atomic(os.path.join(exp.workdir, SUMMARY_FILE), json.dumps(summary, indent=2))
   title = curves_title(os.path.basename(exp.workdir), summary)
   plot = os.path.join(exp.workdir, PLOT_FILE)
   report.save(report.plot_curves(records, title), plot)
   if any('batches' in r for r in records):
     report.save(report.plot_batches(records, title), os.path.join(exp.workdir, BATCHES_PLOT))
-  print()
-  print(summary_tables(summary, list(exp.networks)))
-  print(f'\nmetrics: {metrics_path}\nplot:    {plot}')
+  print(report.result_line(label, summary), flush=True)
+  if tables:
+    print(f'\n{summary_tables(summary, list(exp.networks))}')
+    print(f'\nmetrics: {metrics_path}\nplot:    {plot}')
 
 
 def curves_title(name: str, summary: dict[str, Any]) -> str:
@@ -218,6 +285,8 @@ RUN_COLUMNS = (
   Column('samples_per_s', 'samples/s'),
   Column('sent_bytes_per_worker', 'sent B/worker'),
 )
+# a language model's: its validation loss, in nats and in bits per token (character or byte)
+LOSS_COLUMNS = (Column('test_loss', 'val loss'), Column('test_bits', 'bits/char'))
 STEP_COLUMNS = (
   Column('synced', 'synced'),
   Column('payload_bytes_per_step', 'payload B/worker/step'),
@@ -228,10 +297,27 @@ STEP_COLUMNS = (
 
 
 def summary_tables(summary: dict[str, Any], networks: list[str]) -> str:
-  """A run's summary for the console: a per-run table, a per-step table, and their legend."""
-  per_run = RUN_COLUMNS + tuple(
-    Column(f'modelled_s@{n}', f'{summary["steps"]} steps @{n} (s)', 'N steps @NET (s)')
-    for n in networks
+  """A run's summary for the console: a per-run table, a per-step table, and their legend.
+
+  Args:
+    summary: the run's summary (`train_and_evaluate`'s).
+    networks: the network profiles whose modelled time the per-run table shows.
+
+  Returns:
+    The tables and the legend of their columns, as text. A language model's
+    per-run table shows its validation loss in nats and bits instead of
+    the accuracy of its next token.
+  """
+  first = RUN_COLUMNS[:3] + (
+    LOSS_COLUMNS if summary.get('test_bits') is not None else RUN_COLUMNS[3:4]
+  )
+  per_run = (
+    first
+    + RUN_COLUMNS[4:]
+    + tuple(
+      Column(f'modelled_s@{n}', f'{summary["steps"]} steps @{n} (s)', 'N steps @NET (s)')
+      for n in networks
+    )
   )
   fraction = summary.get('sync_fraction')
   row = {**summary, 'synced': None if fraction is None else f'{fraction:.1%}'}

@@ -86,30 +86,50 @@ def test_runlocal_writes_logs_checkpoints_plot_and_summary(finished_run):
   assert not INFO_LINE.search(proc.stderr), proc.stderr[-3000:]  # warnings only, by default
 
 
-def test_sigkill_and_resume_equals_straight_run(tmp_path, data_dir):
-  straight, crashed = tmp_path / 'straight', tmp_path / 'crashed'
-  common = [
-    '--config.checkpoint_every=5',
-    '--config.eval_every=5',
-    '--config.network.profiles=1gbps,adopt_c1@5',  # a network that changes every 5 steps
-  ]
-  run_binary(straight, data_dir, *common)
+COMMON = [
+  '--config.checkpoint_every=5',
+  '--config.eval_every=5',
+  '--config.network.profiles=1gbps,adopt_c1@5',  # a network that changes every 5 steps
+]
 
-  proc = run_binary(crashed, data_dir, *common, '--config.fault.kill_at_step=12', check=False)
-  assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+
+@pytest.fixture(scope='module')
+def straight_run(tmp_path_factory, data_dir):
+  straight = tmp_path_factory.mktemp('straight')
+  run_binary(straight, data_dir, *COMMON)
+  return straight
+
+
+# SIGKILL: a crash, the steps since the checkpoint of step 10 are lost. SIGTERM (a scheduler's
+# preemption; Ctrl-C's SIGINT in test_interrupt.py): a checkpoint at the step reached, no loss.
+@pytest.mark.parametrize('signum, saved', [(signal.SIGKILL, 10), (signal.SIGTERM, 12)])
+def test_killed_or_preempted_and_resumed_equals_straight_run(straight_run, tmp_path, data_dir,
+                                                             signum, saved):  # fmt: skip
+  crashed = tmp_path / 'crashed'
+  fault = ['--config.fault.kill_at_step=12', f'--config.fault.signal={signum.name}']
+  proc = run_binary(crashed, data_dir, *COMMON, *fault, check=False)
+  if signum == signal.SIGKILL:
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+  else:
+    assert proc.returncode == 128 + signum, proc.stderr[-2000:]  # the shell's 143
+    assert proc.stderr.splitlines()[-1] == (
+      'interrupted at step 12; checkpoint saved; rerun the same command to resume'
+    ), proc.stderr[-2000:]
+    assert 'Traceback' not in proc.stderr, proc.stderr[-2000:]
   logged = [r['step'] for r in metrics.read_jsonl(os.path.join(crashed, 'metrics.jsonl'))]
-  assert logged == list(range(1, 13))  # steps 11, 12 are logged but not checkpointed
-  assert checkpoint.read(os.path.join(crashed, 'checkpoints'))[1]['step'] == 10
+  assert logged == list(range(1, 13))  # under SIGKILL steps 11, 12 are logged, not checkpointed
+  assert checkpoint.read(os.path.join(crashed, 'checkpoints'))[1]['step'] == saved
 
-  run_binary(crashed, data_dir, *common)
-  want = metrics.read_jsonl(os.path.join(straight, 'metrics.jsonl'))
+  proc = run_binary(crashed, data_dir, *COMMON, *fault)  # the same command: step 12 is past
+  assert f'resumed from step {saved} of 20' in proc.stdout, proc.stdout[-2000:]
+  want = metrics.read_jsonl(os.path.join(straight_run, 'metrics.jsonl'))
   got = metrics.read_jsonl(os.path.join(crashed, 'metrics.jsonl'))
   assert [r['step'] for r in got] == list(range(1, 21))  # none duplicated, none missing
   assert all('step_s' in r for r in got)
   assert [metrics.without_timings(r) for r in got] == [metrics.without_timings(r) for r in want]
   phases = [r['comm_s@adopt_c1@5'] for r in want]
   assert phases[0] == phases[4] < phases[5] == phases[9] < phases[10]  # 1 ms, 2 ms, 4 ms latency
-  assert_trees_equal(params_of(crashed)[0], params_of(straight)[0])
+  assert_trees_equal(params_of(crashed)[0], params_of(straight_run)[0])
 
 
 def tree_digest(path) -> str:

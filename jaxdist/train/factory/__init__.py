@@ -19,6 +19,7 @@ import importlib.util
 import json
 import math
 import os
+import signal
 from typing import Any
 
 import jax
@@ -208,14 +209,33 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     model = models.get(config.model.name, num_classes=ds.num_classes, **_model_args(config, ds))
     ratio_control = controls.build(config, workers.count, networks, _num_params(model, ds))
     candidates = controls.compiled(config) if ratio_control is not None else ()
+    kill = kill_signal(config)
   except ValueError as e:
     raise ConfigError(str(e)) from e
   return Experiment(
     workdir=workdir, dataset=ds, model=model, tx=tx, schedule=schedule, workers=workers,
     networks=networks, record=record(config), **_run(config, workers), hierarchy=nodes,
     cluster=cluster, batching=batching, sampler=sampler, ratio_control=ratio_control,
-    ratios=candidates, drops=drops,
+    ratios=candidates, drops=drops, kill_signal=kill,
   )  # fmt: skip
+
+
+KILL_SIGNALS = ('SIGKILL', 'SIGTERM', 'SIGINT')  # what config.fault.signal may send
+
+
+def kill_signal(config) -> int:
+  """The signal `config.fault.kill_at_step` sends (`config.fault.signal`: a name, SIG optional).
+
+  Raises:
+    ValueError: a name not in `KILL_SIGNALS`.
+  """
+  name = str(config.fault.signal).upper()
+  name = name if name.startswith('SIG') else f'SIG{name}'
+  if name not in KILL_SIGNALS:
+    raise ValueError(
+      f'config.fault.signal must be one of {KILL_SIGNALS}, got {config.fault.signal!r}'
+    )
+  return int(getattr(signal, name))
 
 
 def _run(config, workers: runtime.Workers) -> dict[str, Any]:
