@@ -13,9 +13,13 @@ rows [w·b, (w+1)·b) of each global batch of W·b examples.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import io
+import logging
 import os
+import sys
 from typing import ClassVar
 
 import filelock
@@ -204,17 +208,21 @@ def prepared_builder(
   Raises:
     DatasetError: an unknown name, or a dataset not prepared and `download` off.
   """
-  builder = _builder(name, data_dir, kind)
-  if not builder.is_prepared():
-    if name in BUNDLED:
+  absl_logger = logging.getLogger('absl')
+  absl_logger.addFilter(_unbuilt_warning)
+  try:
+    builder = _builder(name, data_dir, kind)
+    if name in BUNDLED and not builder.is_prepared():
       _build_bundled(builder, data_dir)
-    elif not download:
-      raise DatasetError(
-        f'tfds dataset {name!r} is not prepared in {data_dir}. Prepare it once with '
-        f'`tfds build {name} --data_dir={data_dir} --file_format=array_record` '
-        f'(needs the internet and TensorFlow), or allow the download with '
-        f'--config.dataset.download=True.'
-      )
+  finally:
+    absl_logger.removeFilter(_unbuilt_warning)
+  if not download and not builder.is_prepared():
+    raise DatasetError(
+      f'tfds dataset {name!r} is not prepared in {data_dir}. Prepare it once with '
+      f'`tfds build {name} --data_dir={data_dir} --file_format=array_record` '
+      f'(needs the internet and TensorFlow), or allow the download with '
+      f'--config.dataset.download=True.'
+    )
   return builder
 
 
@@ -250,6 +258,11 @@ def sources(
 _BUNDLED_BUILDERS = {'digits': digits_lib.Digits, 'shakespeare': shakespeare_lib.Shakespeare}
 
 
+def _unbuilt_warning(record: logging.LogRecord) -> bool:
+  """False for tfds's warning that a bundled dataset's folder is not built yet (we build it)."""
+  return 'has no dataset_info.json' not in record.getMessage()
+
+
 def _builder(name: str, data_dir: str, kind: str = 'image') -> tfds.core.DatasetBuilder:
   if name in _BUNDLED_BUILDERS:
     return _BUNDLED_BUILDERS[name](data_dir=data_dir, file_format='array_record')
@@ -264,11 +277,15 @@ def _builder(name: str, data_dir: str, kind: str = 'image') -> tfds.core.Dataset
 
 
 def _build_bundled(builder: tfds.core.DatasetBuilder, data_dir: str) -> None:
+  """Builds a bundled dataset into `data_dir`, saying so in one line instead of tfds's own."""
   os.makedirs(data_dir, exist_ok=True)
   # Several processes (pytest-xdist, multi-process runs) may build at once.
   with filelock.FileLock(os.path.join(data_dir, f'.{builder.name}.lock')):
     if not builder.is_prepared():
-      builder.download_and_prepare(file_format='array_record')
+      print(f'preparing the bundled {builder.name} dataset in {data_dir} (once)', file=sys.stderr)
+      tfds.display_progress_bar(False)
+      with contextlib.redirect_stdout(io.StringIO()):  # tfds's "Downloading and preparing"
+        builder.download_and_prepare(file_format='array_record')
 
 
 def record_chunks(source):

@@ -176,17 +176,18 @@ def run(
   for name, config in configs.items():
     if not fresh:
       resume.check_resume(factory.record(config), os.path.join(workdir, name))
-  runs = {}
+  runs, width = {}, max(map(len, configs))
   for name, config in configs.items():
-    print(f'\n=== {name}')
-    runs[name] = Run(*trials.train(config, os.path.join(workdir, name), fresh=fresh), clocks[name])
+    where = os.path.join(workdir, name)
+    runs[name] = Run(*trials.train(config, where, fresh=fresh, label=name.ljust(width)),
+                     clocks[name])  # fmt: skip
   networks = config_lib.names(base.network.profiles)
   rows = table_rows(runs, networks)
   heterogeneous = any(run.clock(1.0) is not None for run in runs.values())
   per_run, per_step = table_columns(rows, networks, base.steps, heterogeneous=heterogeneous)
   tables = [('Per run:', per_run), ('Per step (means over the run):', per_step)]
   text = '\n\n'.join(f'{head}\n\n{report.table(rows, cols)}' for head, cols in tables)
-  print(f'\n{text}\n\nColumns:\n{columns.legend(per_run + per_step)}')
+  print(f'\n{text}\n\nColumns:\n{columns.legend(per_run + per_step)}\n')
   markdown = '\n\n'.join(
     [report.provenance(command)]
     + [f'{head}\n\n{report.markdown(rows, cols)}' for head, cols in tables]
@@ -200,7 +201,7 @@ def run(
   report.save(figure, os.path.join(workdir, PLOT_FILE))
   if results:  # the docs show the plot beside its table
     report.save(figure, os.path.splitext(results)[0] + '.png')
-  print(f'plot: {os.path.join(workdir, PLOT_FILE)}')
+  print(f'table: {os.path.join(workdir, TABLE_FILE)}\nplot:  {os.path.join(workdir, PLOT_FILE)}')
   return rows
 
 

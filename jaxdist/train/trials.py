@@ -27,10 +27,20 @@ PAPER_PRICE = 0.13402  # GCP e2-standard-4, $/hour, Scavenger's §V
 
 
 def train(
-  config: ml_collections.ConfigDict, workdir: str, *, fresh: bool = False
+  config: ml_collections.ConfigDict, workdir: str, *, fresh: bool = False, label: str = ''
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-  """Trains `config` in `workdir` (resuming a run there unless `fresh`): (summary, records)."""
-  summary = trainer.train_and_evaluate(config, workdir, fresh=fresh)
+  """Trains `config` in `workdir` (resuming a run there unless `fresh`).
+
+  Args:
+    config: the run's config.
+    workdir: the run's directory.
+    fresh: remove the run in `workdir` first instead of resuming it.
+    label: the run's name on the console (`trainer.train_and_evaluate`).
+
+  Returns:
+    (summary, per-step records from its metrics.jsonl).
+  """
+  summary = trainer.train_and_evaluate(config, workdir, fresh=fresh, label=label)
   return summary, metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE))
 
 
