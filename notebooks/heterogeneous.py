@@ -27,13 +27,17 @@
 #
 # The cluster is modelled: the run trains for real on the CPU, and each
 # worker's iteration time is its batch over its speed times the measured time
-# per example (`jd.netmodel.Cluster`). On Colab the first cell installs
-# jaxdist.
+# per example (`jd.netmodel.Cluster`). Where jaxdist is missing (on Colab), the first
+# cell installs it.
 
 # %%
-# On Colab (or wherever jaxdist is missing) this installs it into the running kernel from
-# GitHub, or from JAXDIST_SOURCE (a fork, a local checkout as file:///path); pip's messages,
-# failures included, show here. Where jaxdist imports already, it does nothing.
+# Where jaxdist is missing (Colab), this installs it into the running kernel: from a wheel
+# beside the notebook (build it in a clone with `make wheel`, then upload
+# dist/jaxdist-*.whl; on Colab, the Files pane), or from JAXDIST_SOURCE (a checkout as
+# file:///path, or any pip source). jaxdist's future public home,
+# git+https://github.com/jaxdist/jaxdist, is not published yet. Where jaxdist imports
+# already, it does nothing.
+import glob
 import importlib
 import importlib.util
 import os
@@ -41,10 +45,19 @@ import site
 import subprocess
 import sys
 
-SOURCE = os.environ.get('JAXDIST_SOURCE', 'git+https://github.com/jaxdist/jaxdist')
 if importlib.util.find_spec('jaxdist') is None:
+  wheels = sorted(glob.glob('jaxdist-*.whl'))
+  source = os.environ.get('JAXDIST_SOURCE') or (
+    'file://' + os.path.abspath(wheels[-1]) if wheels else None
+  )
+  if source is None:
+    raise RuntimeError(
+      'jaxdist is not installed. Build its wheel in a clone (`make wheel`), put '
+      'dist/jaxdist-*.whl beside this notebook (on Colab: upload it in the Files pane) and '
+      'run this cell again; or set JAXDIST_SOURCE to a pip source of jaxdist.'
+    )
   pip = subprocess.run(
-    [sys.executable, '-m', 'pip', 'install', '--quiet', f'jaxdist[train,control] @ {SOURCE}'],
+    [sys.executable, '-m', 'pip', 'install', '--quiet', f'jaxdist[train,control] @ {source}'],
     capture_output=True,
     text=True,
   )

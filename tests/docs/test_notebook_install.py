@@ -1,12 +1,14 @@
 """Each notebook stands alone on Colab: its badge opens it from the repository, and its
 install cell, run in a fresh venv, leaves `import jaxdist` working in the same process.
 
-The install cell is run as Colab runs it, in one Python process with no jaxdist, but
-installing from a copy of this checkout (`JAXDIST_SOURCE=file://...`) instead of GitHub;
-then the config the notebooks name (`digits.py`) loads from the installed package.
-The venv sees the test environment's packages (jaxdist's dependencies, pip, setuptools;
-not jaxdist itself) through a folder of links, so pip builds and installs jaxdist alone:
-no dependencies, no index, no build isolation, nothing downloaded.
+The install cell (one, the same in every notebook) is run as Colab runs it, in one
+Python process with no jaxdist, with the wheel `make wheel` builds beside it (built here
+from a copy of this checkout); then the config the notebooks name (`digits.py`) loads
+from the installed package. Without a wheel or `JAXDIST_SOURCE` it stops with a message
+saying how to get one. The venv sees the test environment's packages (jaxdist's
+dependencies, pip, setuptools; not jaxdist itself) through a folder of links, so pip
+builds and installs jaxdist alone: no dependencies, no index, no build isolation,
+nothing downloaded.
 """
 
 import glob
@@ -47,7 +49,9 @@ def test_notebook_stands_alone(path):
   assert install_cell(path) == install_cell(NOTEBOOKS[0]), 'one install cell for every notebook'
   text = '\n'.join(c.source for c in notebook.cells)
   assert '../' not in text and 'os.chdir' not in text, 'nothing from the repository around it'
-  assert "'git+https://github.com/jaxdist/jaxdist'" in install_cell(path)
+  code = [line for line in install_cell(path).splitlines() if not line.lstrip().startswith('#')]
+  assert not any('git+' in line for line in code), 'no install from a repository not yet public'
+  assert "glob.glob('jaxdist-*.whl')" in install_cell(path) and 'make wheel' in install_cell(path)
   assert 'os.system' not in text and ' -e ' not in text
 
 
@@ -100,21 +104,34 @@ def clean_env(**extra):
   return {**env, **extra}
 
 
-def run_in_venv(tmp_path, script):
-  """Runs `script` in a fresh venv's Python, pip offline and without dependencies."""
+def run_in_venv(tmp_path, script, **env):
+  """Runs `script` in a fresh venv's Python in `tmp_path`, pip offline, no dependencies."""
   python, site_packages = fresh_venv(tmp_path)
   env = clean_env(
-    JAXDIST_SOURCE=source_copy(tmp_path).as_uri(),
     PIP_NO_DEPS='1',
     PIP_NO_INDEX='1',
     PIP_NO_BUILD_ISOLATION='0',  # pip's inverted spelling: build with the installed setuptools
     PIP_DISABLE_PIP_VERSION_CHECK='1',
     PIP_CACHE_DIR=str(tmp_path / 'pip-cache'),
+    **env,
   )
   proc = subprocess.run(
     [python, '-c', script], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=TIMEOUT
   )
   return proc, site_packages
+
+
+def build_wheel(tmp_path) -> str:
+  """jaxdist's wheel, built from a copy of this checkout (what `make wheel` builds)."""
+  out = tmp_path / 'dist'
+  proc = subprocess.run(
+    [sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation', '--no-index',
+     '--wheel-dir', str(out), str(source_copy(tmp_path))],
+    capture_output=True, text=True, timeout=TIMEOUT, env=clean_env(),
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  (wheel,) = out.glob('jaxdist-*.whl')
+  return str(wheel)
 
 
 CHECK = """
@@ -125,10 +142,10 @@ print('RESULT ' + json.dumps({'missing_before': MISSING, 'file': jd.__file__,
 """
 
 
-@pytest.mark.parametrize('path', NOTEBOOKS, ids=os.path.basename)
-def test_install_cell_leaves_jaxdist_importable_in_the_same_process(path, tmp_path):
+def test_install_cell_installs_the_wheel_beside_it_into_the_running_process(tmp_path):
+  shutil.copy(build_wheel(tmp_path), tmp_path)  # uploaded beside the notebook
   before = 'import importlib.util\nMISSING = importlib.util.find_spec("jaxdist") is None\n'
-  proc, site_packages = run_in_venv(tmp_path, before + install_cell(path) + CHECK)
+  proc, site_packages = run_in_venv(tmp_path, before + install_cell(NOTEBOOKS[0]) + CHECK)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   (line,) = re.findall(r'^RESULT (.*)$', proc.stdout, re.M)
   result = json.loads(line)
@@ -139,6 +156,14 @@ def test_install_cell_leaves_jaxdist_importable_in_the_same_process(path, tmp_pa
   assert result['steps'] == 20, 'the config the notebooks name comes with the installed package'
 
 
+def test_install_cell_without_a_wheel_says_how_to_get_one(tmp_path):
+  proc, _ = run_in_venv(tmp_path, install_cell(NOTEBOOKS[0]))
+  assert proc.returncode != 0
+  assert 'RuntimeError: jaxdist is not installed. Build its wheel in a clone (`make wheel`)' in (
+    proc.stderr
+  ), proc.stderr[-3000:]
+
+
 def test_an_editable_install_in_the_running_process_is_what_fails(tmp_path):
   """The harness can fail: the cell Colab had (`pip install -e`, then import) does here."""
   old_cell = (
@@ -147,6 +172,6 @@ def test_an_editable_install_in_the_running_process_is_what_fails(tmp_path):
     "subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '-e', source], check=True)\n"
     'import jaxdist\n'
   )
-  proc, _ = run_in_venv(tmp_path, old_cell)
+  proc, _ = run_in_venv(tmp_path, old_cell, JAXDIST_SOURCE=source_copy(tmp_path).as_uri())
   assert proc.returncode != 0
   assert "ModuleNotFoundError: No module named 'jaxdist'" in proc.stderr, proc.stderr[-3000:]
