@@ -71,12 +71,12 @@ class Workers:
   def local_workers(self) -> range:
     """Indices of the workers whose data this process must provide.
 
-  Returns:
-    A contiguous range of worker indices (all of them with one process).
+    Returns:
+      A contiguous range of worker indices (all of them with one process).
 
-  Raises:
-    ValueError: if this process's devices are not contiguous in the mesh.
-  """
+    Raises:
+      ValueError: if this process's devices are not contiguous in the mesh.
+    """
     mine = [
       i for i, d in enumerate(self.mesh.devices.flat) if d.process_index == jax.process_index()
     ]
