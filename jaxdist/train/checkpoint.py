@@ -19,7 +19,12 @@ import orbax.checkpoint as ocp
 
 
 class Checkpointer:
-  """Saves and restores (state, metadata) under `directory`."""
+  """Saves and restores (state, metadata) under `directory`.
+
+  Args:
+    directory: the checkpoints' directory (created if missing).
+    keep: how many checkpoints to keep (the oldest go).
+  """
 
   def __init__(self, directory: str, *, keep: int):
     self.directory = os.path.abspath(directory)
@@ -29,12 +34,24 @@ class Checkpointer:
     )
 
   def latest_step(self) -> int | None:
+    """The step of the latest checkpoint.
+
+    Returns:
+      The step, or None where there is none.
+    """
     return self._manager.latest_step()
 
   def save(
     self, step: int, state: Any, meta: dict[str, Any], control: dict[str, Any] | None = None
   ) -> None:
-    """Starts writing checkpoint `step`; device buffers are copied before it returns."""
+    """Starts writing checkpoint `step`; device buffers are copied before it returns.
+
+    Args:
+      step: the checkpoint's step.
+      state: the train state (a pytree of arrays).
+      meta: JSON metadata (the config, the data position, ...).
+      control: the host controllers' states, as JSON ({} if None).
+    """
     self._manager.save(
       step,
       args=ocp.args.Composite(
@@ -46,7 +63,15 @@ class Checkpointer:
     )
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
-    """State (with the shardings of `abstract_state`) and metadata of `step`."""
+    """State (with the shardings of `abstract_state`) and metadata of `step`.
+
+    Args:
+      step: the checkpoint's step.
+      abstract_state: the restore target (`abstract`).
+
+    Returns:
+      (the state, the metadata dict).
+    """
     restored = self._manager.restore(
       step,
       args=ocp.args.Composite(
@@ -56,6 +81,7 @@ class Checkpointer:
     return restored['state'], restored['meta']
 
   def wait(self) -> None:
+    """Blocks until every checkpoint started is written."""
     self._manager.wait_until_finished()
 
   def close(self) -> None:
@@ -64,7 +90,15 @@ class Checkpointer:
 
 
 def abstract(tree: Any, shardings: Any) -> Any:
-  """`ShapeDtypeStruct`s of `tree` carrying `shardings` (a restore target)."""
+  """`ShapeDtypeStruct`s of `tree` carrying `shardings` (a restore target).
+
+  Args:
+    tree: arrays or shape structs.
+    shardings: a sharding per leaf of `tree`.
+
+  Returns:
+    `tree` as `jax.ShapeDtypeStruct`s.
+  """
   return jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
   )
@@ -95,7 +129,14 @@ def read(directory: str, step: int | None = None) -> tuple[dict[str, Any], dict[
 
 
 def latest_step(directory: str) -> int | None:
-  """The step of the latest complete checkpoint in `directory`, or None; writes nothing."""
+  """The step of the latest complete checkpoint in `directory`, or None; writes nothing.
+
+  Args:
+    directory: the checkpoints' directory (it may not exist).
+
+  Returns:
+    The step, or None.
+  """
   if not os.path.isdir(directory):
     return None
   steps = ocp.path.step  # the names `Checkpointer`'s manager gives, uncommitted ones ignored
@@ -104,7 +145,15 @@ def latest_step(directory: str) -> int | None:
 
 
 def read_meta(directory: str, step: int) -> dict[str, Any]:
-  """The metadata (JSON) of checkpoint `step` in `directory`, without its state."""
+  """The metadata (JSON) of checkpoint `step` in `directory`, without its state.
+
+  Args:
+    directory: the checkpoints' directory.
+    step: the checkpoint's step.
+
+  Returns:
+    The metadata dict.
+  """
   with open(os.path.join(os.path.abspath(directory), str(step), 'meta', 'metadata')) as f:
     return json.load(f)
 
@@ -117,6 +166,13 @@ def read_control(directory: str, step: int) -> dict[str, Any]:
 
   A checkpoint written before the control item kept them in its metadata,
   the ratio controller's without its `inner` level: read from there.
+
+  Args:
+    directory: the checkpoints' directory.
+    step: the checkpoint's step.
+
+  Returns:
+    The states as JSON, by controller name.
   """
   path = os.path.join(os.path.abspath(directory), str(step), 'control', 'metadata')
   if os.path.exists(path):

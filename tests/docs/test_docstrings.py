@@ -164,6 +164,7 @@ def constructor_parameters(cls) -> list[str]:
     if not member.is_alias
     and member.is_attribute
     and member.annotation is not None
+    and 'property' not in member.labels
     and not str(member.annotation).startswith(('ClassVar', 'typing.ClassVar'))
     and not name.startswith('_')
   ]
