@@ -50,6 +50,14 @@ def train_and_evaluate(config, workdir: str, *, fresh: bool = False) -> dict[str
   config matches (`resume.check_resume`); with `fresh`, removes that run instead
   (`resume.clear_run`) and starts anew.
 
+  Args:
+    config: the run's config.
+    workdir: its directory.
+    fresh: remove a run there first.
+
+  Returns:
+    The summary (what `train` returns).
+
   Raises:
     ConfigError: a bad config or work directory, or a checkpoint that may not
       resume with `config`, before anything is written.
@@ -58,7 +66,16 @@ def train_and_evaluate(config, workdir: str, *, fresh: bool = False) -> dict[str
 
 
 def train(exp: Experiment, *, fresh: bool = False) -> dict[str, Any]:
-  """Trains and evaluates the run `exp` (`factory.build`) in `exp.workdir`; the summary."""
+  """Trains and evaluates the run `exp` (`factory.build`) in `exp.workdir`; the summary.
+
+  Args:
+    exp: the run.
+    fresh: remove a run in its directory first.
+
+  Returns:
+    The summary: the run's figures (test accuracy and loss, samples per
+    second, the ledger's bytes and modelled times, the controllers').
+  """
   workers, lead = exp.workers, jax.process_index() == 0
   open_workdir(exp, fresh)
   logging.info('%s', exp)
@@ -139,6 +156,10 @@ class Evaluation:
 
   On text the loss is also given in bits (`test_bits`: per character at
   character level); the accuracy is that of the next token.
+
+  Args:
+    exp: the run.
+    log: the step log the results go into.
   """
 
   def __init__(self, exp: Experiment, log: StepLog):
@@ -148,6 +169,14 @@ class Evaluation:
     self.tokens = exp.dataset.tokens_per_example is not None
 
   def run(self, state) -> dict[str, float]:
+    """Evaluates `state` on the test split.
+
+    Args:
+      state: the train state.
+
+    Returns:
+      `test_loss` and `test_accuracy` (and `test_bits` on text).
+    """
     result = feed.evaluate(self.step, state, self.chunks)
     if self.tokens:
       result['test_bits'] = data.sequences.bits(result['test_loss'])
@@ -159,8 +188,17 @@ class Evaluation:
 
 
 def saving(ckpt: checkpoint.Checkpointer, log: StepLog, host: Host, meta: dict[str, Any]):
-  """The checkpoint hook: the log up to the step, then the train state, `meta` and the host's
-  controllers' states."""
+  """The checkpoint hook: the log up to the step, then the train state, `meta`, the controllers'.
+
+  Args:
+    ckpt: the checkpointer.
+    log: the step log, flushed first.
+    host: the host, whose controllers' states are saved.
+    meta: the metadata saved with every checkpoint.
+
+  Returns:
+    The hook.
+  """
 
   def save(loop: loop_lib.Loop) -> None:
     log.flush()
@@ -175,6 +213,14 @@ def kill_at_step(step: int, log: StepLog, ckpt: checkpoint.Checkpointer) -> loop
 
   A crash between checkpoints: the steps after the last checkpoint are
   logged, then lost, and a rerun resumes from the checkpoint.
+
+  Args:
+    step: the step after which to die (0: never).
+    log: the step log, flushed first.
+    ckpt: the checkpointer, waited for first.
+
+  Returns:
+    The hook.
   """
 
   def hook(loop: loop_lib.Loop) -> None:
@@ -203,7 +249,15 @@ def _report(exp: Experiment, summary: dict[str, Any], records, metrics_path: str
 
 
 def curves_title(name: str, summary: dict[str, Any]) -> str:
-  """The title of a run's plots: its name (its work directory's), method, model, data, workers."""
+  """The title of a run's plots: its name (its work directory's), method, model, data, workers.
+
+  Args:
+    name: the run's name.
+    summary: its summary.
+
+  Returns:
+    The title.
+  """
   return (
     f'{name}: {summary["sync"]}, {summary["model"]} on {summary["dataset"]}, '
     f'{summary["workers"]} workers'
@@ -228,7 +282,15 @@ STEP_COLUMNS = (
 
 
 def summary_tables(summary: dict[str, Any], networks: list[str]) -> str:
-  """A run's summary for the console: a per-run table, a per-step table, and their legend."""
+  """A run's summary for the console: a per-run table, a per-step table, and their legend.
+
+  Args:
+    summary: the run's summary.
+    networks: the profile names of its modelled times.
+
+  Returns:
+    The text.
+  """
   per_run = RUN_COLUMNS + tuple(
     Column(f'modelled_s@{n}', f'{summary["steps"]} steps @{n} (s)', 'N steps @NET (s)')
     for n in networks
