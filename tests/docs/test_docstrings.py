@@ -14,7 +14,9 @@ Of these, every function, method and class is checked with griffe's Google parse
   a `return` with a value) has a `Returns:` section, or `Yields:` if it yields.
 
 Exempt: properties (documented as attributes), attributes and constants, and dunder
-methods (the filters hide them; `__init__` is its class's). Needs griffe (the `docs` extra).
+methods (the filters hide them; `__init__` is its class's). A method without a docstring
+shows, and is checked by, the one it overrides (mkdocs.yml's `InheritedDocstrings`). Needs
+griffe (the `docs` extra).
 """
 
 import ast
@@ -25,16 +27,16 @@ import re
 import textwrap
 
 import pytest
-import yaml
 
 from conftest import REPO
 
 griffe = pytest.importorskip('griffe')
+yaml = pytest.importorskip('yaml')  # MkDocs's, as griffe is mkdocstrings'
 
 API_PAGES = os.path.join(REPO, 'docs', 'api')
 # A class with no `__init__` of its own whose annotated class attributes are its constructor's
 # parameters (a dataclass's come from griffe's dataclasses extension, as its `__init__`).
-FIELDS_BASES = ('NamedTuple', 'nn.Module', 'linen.Module', 'struct.PyTreeNode')
+FIELDS_BASES = ('NamedTuple', 'nn.Module', 'linen.Module')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +50,7 @@ class Options:
 
 @functools.cache
 def options() -> Options:
+  """mkdocs.yml's python handler options: its filters, griffe extensions and parser options."""
   with open(os.path.join(REPO, 'mkdocs.yml')) as f:
     config = yaml.safe_load(f)
   plugin = next(p['mkdocstrings'] for p in config['plugins'] if isinstance(p, dict))
