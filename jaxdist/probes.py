@@ -36,19 +36,42 @@ from jax import lax
 
 
 def declaring(tree: Any, attribute: str) -> list[Any]:
-  """The states in `tree` whose class declares `attribute`, in tree order."""
+  """The states in `tree` whose class declares `attribute`, in tree order.
+
+  Args:
+    tree: an optimizer state (any pytree of states).
+    attribute: the class attribute, e.g. 'PROBES' or 'TRAINED'.
+
+  Returns:
+    A list of the states (nodes of `tree`) whose class sets `attribute`.
+  """
   declares = lambda x: getattr(type(x), attribute, None) is not None
   return [s for s in jax.tree.leaves(tree, is_leaf=declares) if declares(s)]
 
 
 def metrics(opt_state: Any) -> dict[str, jax.Array]:
-  """The fields the last state in `opt_state` declaring `PROBES` names, by name ({} if none)."""
+  """The fields the last state in `opt_state` declaring `PROBES` names, by name ({} if none).
+
+  Args:
+    opt_state: the chain's state.
+
+  Returns:
+    A dict from field name to that field's value.
+  """
   found = declaring(opt_state, 'PROBES')
   return {name: getattr(found[-1], name) for name in found[-1].PROBES} if found else {}
 
 
 def trained_params(params: optax.Params, opt_state: Any) -> optax.Params:
-  """The weights being trained: the last `TRAINED` field in `opt_state`, else `params`."""
+  """The weights being trained: the last `TRAINED` field in `opt_state`, else `params`.
+
+  Args:
+    params: the model's parameters.
+    opt_state: the chain's state.
+
+  Returns:
+    The weights the gradients should be taken at.
+  """
   found = declaring(opt_state, 'TRAINED')
   return getattr(found[-1], found[-1].TRAINED) if found else params
 

@@ -69,7 +69,14 @@ class Workers:
     return NamedSharding(self.mesh, P())
 
   def local_workers(self) -> range:
-    """Indices of the workers whose data this process must provide."""
+    """Indices of the workers whose data this process must provide.
+
+    Returns:
+      A contiguous range of worker indices (all of them with one process).
+
+    Raises:
+      ValueError: if this process's devices are not contiguous in the mesh.
+    """
     mine = [
       i for i, d in enumerate(self.mesh.devices.flat) if d.process_index == jax.process_index()
     ]
@@ -174,6 +181,9 @@ def cpu_devices(count: int) -> None:
   The standard JAX ways of asking for CPU devices (`jax_num_cpu_devices`,
   `XLA_FLAGS=--xla_force_host_platform_device_count=N`) get the same threads
   when jaxdist sees them before JAX starts (`give_cpu_threads`).
+
+  Args:
+    count: how many CPU devices (>= 1).
   """
   if count < 1:
     raise ValueError(f'cpu_devices must be >= 1, got {count}')
@@ -182,7 +192,14 @@ def cpu_devices(count: int) -> None:
 
 
 def cpu_threads(count: int) -> int:
-  """Threads for XLA's CPU client with `count` devices: 4 a device, or the usable cores if more."""
+  """Threads for XLA's CPU client with `count` devices: 4 a device, or the usable cores if more.
+
+  Args:
+    count: how many CPU devices.
+
+  Returns:
+    The thread count, for `PJRT_NPROC`.
+  """
   return max(_cores(), CPU_THREADS_PER_DEVICE * count)
 
 
@@ -197,6 +214,9 @@ def requested_cpu_devices() -> int | None:
 
   `jax_num_cpu_devices` if set, else the last
   `--xla_force_host_platform_device_count` in `XLA_FLAGS` (JAX's order).
+
+  Returns:
+    The device count asked for, or None where neither asks.
   """
   if jax.config.jax_num_cpu_devices >= 0:
     return jax.config.jax_num_cpu_devices
@@ -234,6 +254,9 @@ def check_cpu_threads(devices: Sequence[jax.Device]) -> None:
   threads (no `PJRT_NPROC`) on fewer than two cores a device: the case
   `cpu_devices` exists for, met when JAX started before jaxdist could give
   it threads.
+
+  Args:
+    devices: the devices that will hold workers (this process's CPU ones count).
   """
   count = sum(1 for d in devices if d.platform == 'cpu' and d.process_index == jax.process_index())
   if count < 2 or 'PJRT_NPROC' in os.environ or _cores() >= 2 * count:
@@ -263,6 +286,14 @@ def initialize_distributed(
   ends every survivor with a non-zero exit instead of leaving it waiting in a
   collective. The last checkpoint is the state to resume from: rerun the same
   command on every process.
+
+  Args:
+    coordinator_address: 'host:port' of process 0's coordinator (None: JAX
+      detects the cluster).
+    num_processes: how many processes (None: detected).
+    process_id: this process's index, 0 to num_processes − 1 (None: detected).
+    heartbeat_timeout_s: seconds without a process's heartbeat before the
+      survivors are ended (>= 1).
   """
   if heartbeat_timeout_s < 1:
     raise ValueError(f'heartbeat_timeout_s must be >= 1, got {heartbeat_timeout_s}')

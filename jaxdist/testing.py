@@ -73,7 +73,16 @@ class Run:
     self.step = jax.jit(self.workers.map(step, in_axes=(0, 0, 0, 0)))
 
   def args(self, grads: Any, **extra: Any) -> list[Any]:
-    """The step's arguments (gradients, state, parameters, extra), on the workers' devices."""
+    """The step's arguments (gradients, state, parameters, extra), on the workers' devices.
+
+    Args:
+      grads: every worker's gradients, [workers, ...] per leaf.
+      **extra: optax's extra arguments: a scalar is broadcast to every
+        worker, an array has a leading `workers` axis.
+
+    Returns:
+      [grads, state, params, extra], each placed with `workers.sharding`.
+    """
     n = self.workers.count
     extra = {
       k: jnp.broadcast_to(v, (n,)) if jnp.ndim(v) == 0 else jnp.asarray(v) for k, v in extra.items()
@@ -88,13 +97,30 @@ class Run:
     return self.params
 
   def steps(self, n: int, grads: Callable[[int], Any]) -> Any:
-    """`n` steps, step t with gradients `grads(t)`; the parameters after the last."""
+    """`n` steps, step t with gradients `grads(t)`; the parameters after the last.
+
+    Args:
+      n: how many steps.
+      grads: gives step t's gradients, [workers, ...] per leaf.
+
+    Returns:
+      Every worker's parameters after the last step, as `run.params`.
+    """
     for t in range(n):
       self(grads(t))
     return self.params
 
   def hlo(self, grads: Any, *, compiled: bool = True, **extra: Any) -> str:
-    """The step's HLO text, after XLA's passes (`compiled`) or as lowered."""
+    """The step's HLO text, after XLA's passes (`compiled`) or as lowered.
+
+    Args:
+      grads: gradients to lower the step with (their shapes and dtypes count).
+      compiled: the optimised module XLA runs; False: the lowered one.
+      **extra: optax's extra arguments, as for a call.
+
+    Returns:
+      The HLO module as text (`jd.comm.hlo.collectives` reads it).
+    """
     lowered = self.step.lower(*self.args(grads, **extra))
     if compiled:
       return lowered.compile().as_text()

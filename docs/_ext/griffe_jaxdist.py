@@ -6,6 +6,9 @@
   `>>>` lines are quotes.
 - `ImportedOverModule`: `jaxdist.sync.diloco` is the function its package
   imports, not the module of the same name it shadows.
+- `InheritedDocstrings`: a method without a docstring of its own shows the
+  one it overrides (`TopK.encode` shows `Compressor.encode`'s), as Python's
+  `inspect.getdoc` and `help` do; griffe would show none.
 """
 
 import re
@@ -44,3 +47,36 @@ class ImportedOverModule(griffe.Extension):
       target = member.members.get(name)
       if module.imports.get(name) == f'{member.path}.{name}' and target is not None:
         module.set_member(name, griffe.Alias(name, target, parent=module))
+
+
+class InheritedDocstrings(griffe.Extension):
+  """Gives each method without a docstring that of the first class in its MRO that has one.
+
+  Only within the package: a base griffe cannot resolve (e.g. `flax.linen.Module`) gives
+  nothing. The docstring's Args must then name the override's parameters, or the strict
+  build fails on griffe's warning, as for any docstring.
+  """
+
+  def on_package(self, *, pkg: griffe.Module, **kwargs) -> None:
+    self._inherit(pkg)
+
+  def on_package_loaded(self, *, pkg: griffe.Module, **kwargs) -> None:  # griffe 1.x's name
+    self._inherit(pkg)
+
+  def _inherit(self, obj: griffe.Object) -> None:
+    for member in obj.members.values():
+      if not member.is_alias and (member.is_module or member.is_class):
+        self._inherit(member)
+    if not obj.is_class:
+      return
+    for name, member in obj.members.items():
+      if member.is_alias or not member.is_function or member.docstring is not None:
+        continue
+      for base in obj.mro():
+        found = base.members.get(name)
+        if found is not None and not found.is_alias and found.docstring is not None:
+          doc = found.docstring
+          member.docstring = griffe.Docstring(
+            doc.value, parent=member, parser=doc.parser, parser_options=doc.parser_options
+          )
+          break

@@ -82,7 +82,22 @@ def transfer(
   op: str | None = None,
   link: str | None = None,
 ) -> Transfer:
-  """A `Transfer` of `kind` with `nbytes` payload that ran `ran` times, over `link`."""
+  """A `Transfer` of `kind` with `nbytes` payload that ran `ran` times, over `link`.
+
+  Args:
+    kind: the HLO collective, one of `KINDS`.
+    nbytes: the bytes each worker puts in (its operand).
+    ran: how many times it ran this step (traced; 0 in a skipped branch).
+    op: what it does when that differs from `kind` (e.g. 'broadcast').
+    link: which workers and link it spans, one of `LINKS` (None: all
+      workers over the run's network).
+
+  Returns:
+    The `Transfer`, its count an int32 array.
+
+  Raises:
+    ValueError: if `kind` or `link` is not one of those listed.
+  """
   if kind not in KINDS:
     raise ValueError(f'kind must be one of {KINDS}, got {kind!r}')
   if link not in LINKS:
@@ -92,19 +107,41 @@ def transfer(
 
 
 def overlapped(tree: Any) -> Any:
-  """`tree` with every `Transfer` in it marked as overlapping the next step's compute."""
+  """`tree` with every `Transfer` in it marked as overlapping the next step's compute.
+
+  Args:
+    tree: a pytree holding `Transfer`s (e.g. a transform's state).
+
+  Returns:
+    The same tree, each `Transfer` with `overlap=True`.
+  """
   is_t = lambda x: isinstance(x, Transfer)
   mark = lambda x: dataclasses.replace(x, overlap=True) if is_t(x) else x
   return jax.tree.map(mark, tree, is_leaf=is_t)
 
 
 def ran(t: Transfer, times: jax.typing.ArrayLike) -> Transfer:
-  """`t` with its count set to `times` (e.g. 0 for a collective that did not run)."""
+  """`t` with its count set to `times` (e.g. 0 for a collective that did not run).
+
+  Args:
+    t: a `Transfer`.
+    times: how many times it ran (an int or a traced int array).
+
+  Returns:
+    A copy of `t` whose count is `times` as int32.
+  """
   return dataclasses.replace(t, count=jnp.asarray(times, jnp.int32))
 
 
 def tree_nbytes(tree: Any) -> int:
-  """Bytes of all array leaves of `tree` (shapes and dtypes only)."""
+  """Bytes of all array leaves of `tree` (shapes and dtypes only).
+
+  Args:
+    tree: a pytree of arrays or `jax.ShapeDtypeStruct`s.
+
+  Returns:
+    The total size in bytes, a Python int.
+  """
   return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
@@ -146,35 +183,74 @@ def _names(axis_name: AxisName, subgroup: bool = False) -> tuple[str, ...]:
 def axis_size(axis_name: AxisName, *, subgroup: bool = False) -> int:
   """Number of workers on `axis_name` (static; call inside the mapped step).
 
-  `subgroup`: the size of one level of a hierarchy, which may name the device
-  axis without the simulated one (see `_names`).
+  Args:
+    axis_name: the worker axis, or a tuple of axes (their sizes multiply).
+    subgroup: the size of one level of a hierarchy, which may name the
+      device axis without the simulated one (see `_names`).
+
+  Returns:
+    The number of workers, a Python int.
   """
   return math.prod(lax.axis_size(n) for n in _names(axis_name, subgroup))
 
 
 def axis_index(axis_name: AxisName, *, subgroup: bool = False) -> jax.Array:
-  """This worker's index on `axis_name`, row-major over a tuple of axes (`subgroup` as above)."""
+  """This worker's index on `axis_name`, row-major over a tuple of axes.
+
+  Args:
+    axis_name: the worker axis, or a tuple of axes.
+    subgroup: index within one level of a hierarchy, as in `axis_size`.
+
+  Returns:
+    A scalar int32 array, from 0 to `axis_size(axis_name)` − 1.
+  """
   return lax.axis_index(_names(axis_name, subgroup))
 
 
 def psum(tree: Any, axis_name: AxisName, *, subgroup: bool = False) -> tuple[Any, Transfer]:
   """Sum of `tree` over workers: one all-reduce of the whole tree.
 
-  `subgroup`: a sum over one level of a hierarchy, which may name the device
-  axis without the simulated one (see `_names`).
+  Args:
+    tree: this worker's pytree of arrays.
+    axis_name: the worker axis, or a tuple of axes.
+    subgroup: a sum over one level of a hierarchy, which may name the
+      device axis without the simulated one (see `_names`).
+
+  Returns:
+    (the sum, the same on every worker; its `Transfer`, an all-reduce of the
+    tree's bytes).
   """
   return lax.psum(tree, _names(axis_name, subgroup)), transfer(ALL_REDUCE, tree_nbytes(tree))
 
 
 def pmean(tree: Any, axis_name: AxisName, *, subgroup: bool = False) -> tuple[Any, Transfer]:
-  """Mean of `tree` over workers: one all-reduce of the whole tree (`subgroup` as `psum`)."""
+  """Mean of `tree` over workers: one all-reduce of the whole tree.
+
+  Args:
+    tree: this worker's pytree of arrays.
+    axis_name: the worker axis, or a tuple of axes.
+    subgroup: a mean over one level of a hierarchy, as in `psum`.
+
+  Returns:
+    (the mean, in each leaf's dtype; its `Transfer`, an all-reduce of the
+    tree's bytes).
+  """
   total, sent = psum(tree, axis_name, subgroup=subgroup)
   n = axis_size(axis_name, subgroup=subgroup)
   return jax.tree.map(lambda x: (x / n).astype(x.dtype), total), sent
 
 
 def pmax(tree: Any, axis_name: AxisName, *, subgroup: bool = False) -> tuple[Any, Transfer]:
-  """Elementwise maximum of `tree` over workers: one all-reduce (with `max`) of the tree."""
+  """Elementwise maximum of `tree` over workers: one all-reduce (with `max`) of the tree.
+
+  Args:
+    tree: this worker's pytree of arrays.
+    axis_name: the worker axis, or a tuple of axes.
+    subgroup: a maximum over one level of a hierarchy, as in `psum`.
+
+  Returns:
+    (the maximum, the same on every worker; its `Transfer`).
+  """
   return lax.pmax(tree, _names(axis_name, subgroup)), transfer(ALL_REDUCE, tree_nbytes(tree))
 
 
@@ -186,6 +262,15 @@ def all_gather(tree: Any, axis_name: AxisName, *, subgroup: bool = False) -> tup
   one call); the payload is each worker's own tree either way. `subgroup`:
   a gather over one level of a hierarchy, which may name the device axis
   without the simulated one (see `_names`).
+
+  Args:
+    tree: this worker's pytree of arrays.
+    axis_name: the worker axis, or a tuple of axes.
+    subgroup: a gather over one level of a hierarchy (above).
+
+  Returns:
+    (the tree with each leaf stacked to [N, *shape]; its `Transfer`, an
+    all-gather of the tree's bytes).
   """
   names = _names(axis_name, subgroup)
 
@@ -262,6 +347,14 @@ def agree(x: jax.Array, axis_name: AxisName) -> jax.Array:
   both branches, collectives included. This reduces over the vmap axes only
   (no communication between devices), so the result is unbatched and a
   `lax.cond` on it really skips the branch not taken.
+
+  Args:
+    x: a value equal on every worker (e.g. a step count or a predicate).
+    axis_name: the worker axis, or a tuple of axes.
+
+  Returns:
+    `x`, unbatched over the vmap axes of `axis_name` (their maximum; a bool
+    stays a bool).
   """
   vmapped = _vmap_axes(_names(axis_name))
   if not vmapped:
@@ -279,6 +372,18 @@ def shift(tree: Any, offset: int, axis_name: AxisName) -> tuple[Any, Transfer]:
   simulated) axes the shift is a roll inside each device plus, where it
   crosses devices, a permute over the device axis (two when the shift does
   not divide evenly into whole devices).
+
+  Args:
+    tree: this worker's pytree of arrays.
+    offset: how many places back to receive from (negative: forward).
+    axis_name: one axis, or (outer, inner) axes such as (devices, simulated).
+
+  Returns:
+    (the tree worker (i − offset) mod N sent; its `Transfer`, a
+    collective-permute of the tree's bytes).
+
+  Raises:
+    ValueError: if `axis_name` names more than two axes.
   """
   names = _names(axis_name)
   sent = transfer(PERMUTE, tree_nbytes(tree))
@@ -310,7 +415,15 @@ def shift(tree: Any, offset: int, axis_name: AxisName) -> tuple[Any, Transfer]:
 
 
 def total_bytes(transfers: Iterable[Transfer], counts: Sequence[int] | None = None) -> int:
-  """Payload bytes of `transfers`, each weighted by its count (or `counts`)."""
+  """Payload bytes of `transfers`, each weighted by its count (or `counts`).
+
+  Args:
+    transfers: `Transfer`s, e.g. from `find_transfers`.
+    counts: how many times each ran (None: each one's own `count`).
+
+  Returns:
+    Σ nbytes × count, a Python int.
+  """
   transfers = list(transfers)
   if counts is None:
     counts = [int(t.count) for t in transfers]
@@ -318,7 +431,14 @@ def total_bytes(transfers: Iterable[Transfer], counts: Sequence[int] | None = No
 
 
 def silence(tree: Any) -> Any:
-  """`tree` with every `Transfer` in it marked as not having run (count 0)."""
+  """`tree` with every `Transfer` in it marked as not having run (count 0).
+
+  Args:
+    tree: a pytree holding `Transfer`s.
+
+  Returns:
+    The same tree, each `Transfer`'s count zero.
+  """
   is_t = lambda x: isinstance(x, Transfer)
   return jax.tree.map(
     lambda x: ran(x, jnp.zeros_like(x.count)) if is_t(x) else x, tree, is_leaf=is_t
@@ -326,6 +446,13 @@ def silence(tree: Any) -> Any:
 
 
 def find_transfers(tree: Any) -> list[Transfer]:
-  """Every `Transfer` inside `tree` (e.g. an optimizer state), in tree order."""
+  """Every `Transfer` inside `tree` (e.g. an optimizer state), in tree order.
+
+  Args:
+    tree: any pytree.
+
+  Returns:
+    A list of the `Transfer`s found.
+  """
   leaves = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, Transfer))
   return [x for x in leaves if isinstance(x, Transfer)]

@@ -76,6 +76,12 @@ def collectives(hlo_text: str) -> list[Collective]:
   """Collectives of a compiled (optimised) HLO module, in program order.
 
   Asynchronous pairs (`all-reduce-start` / `-done`) count once, at the start.
+
+  Args:
+    hlo_text: the module's text, e.g. `jitted.lower(*args).compile().as_text()`.
+
+  Returns:
+    A list of `Collective`s, one per collective instruction.
   """
   types: dict[str, str] = {}
   found = []
@@ -107,7 +113,15 @@ def collectives(hlo_text: str) -> list[Collective]:
 
 
 def conditional_branches(hlo_text: str) -> set[str]:
-  """Names of the computations that are branches of a `conditional`, and what they call."""
+  """Names of the computations that are branches of a `conditional`, and what they call.
+
+  Args:
+    hlo_text: the module's text, as for `collectives`.
+
+  Returns:
+    The set of computation names: every branch of every conditional, and
+    every computation they call, transitively.
+  """
   branches: set[str] = set()
   for line in hlo_text.splitlines():
     if ' conditional(' not in line:

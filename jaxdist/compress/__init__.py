@@ -69,6 +69,13 @@ def warmup_ratios(final_ratio: float, stages: int) -> list[float]:
 
   With final 0.001 and 4 stages: 0.25, 0.063, 0.016, 0.004, then 0.001 — the
   75% -> 99.9% sparsity ramp of Lin et al. (2018).
+
+  Args:
+    final_ratio: the ratio kept after the warm-up, in (0, 1].
+    stages: how many warm-up stages (>= 1).
+
+  Returns:
+    The stages' ratios followed by `final_ratio`: stages + 1 floats.
   """
   check_ratio(final_ratio)
   if stages < 1:

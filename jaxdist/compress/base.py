@@ -42,20 +42,49 @@ class Compressor:
   narrow_dtype: ClassVar[Any] = None
 
   def check(self, n: int) -> None:
-    """Raises ValueError if the compressor cannot handle vectors of length n."""
+    """Raises ValueError if the compressor cannot handle vectors of length n.
+
+    Args:
+      n: the vector's length.
+    """
     del n
 
   def init(self, n: int) -> Any:
-    """Compressor state for vectors of length n (e.g. nothing, or a warm start)."""
+    """Compressor state for vectors of length n (e.g. nothing, or a warm start).
+
+    Args:
+      n: the vector's length.
+
+    Returns:
+      The state `encode` and `decode` take (here `()`).
+    """
     del n
     return ()
 
   def encode(self, x: jax.Array, state: Any, key: jax.Array) -> tuple[Payload, Any]:
-    """(payload, new state) for the float32 vector x."""
+    """(payload, new state) for the float32 vector x.
+
+    Args:
+      x: the float32 vector [n].
+      state: the compressor's state (from `init`).
+      key: a PRNG key, for stochastic compressors.
+
+    Returns:
+      (the payload, a tuple of fixed-shape arrays; the new state).
+    """
     raise NotImplementedError
 
   def decode(self, payload: Payload, state: Any, n: int) -> jax.Array:
-    """The float32 vector of length n that `payload` stands for."""
+    """The float32 vector of length n that `payload` stands for.
+
+    Args:
+      payload: what `encode` gave (or, if `summable`, a sum of payloads).
+      state: the compressor's state.
+      n: the vector's length.
+
+    Returns:
+      The float32 vector [n].
+    """
     raise NotImplementedError
 
   def wire_bytes(self, n: int) -> int:
@@ -65,6 +94,12 @@ class Compressor:
     compressor and length: host-side controllers ask every step (ADOPT's
     cost model, for each candidate), and tracing Top-k's selection each
     time cost ~30 ms a call on the CPU.
+
+    Args:
+      n: the vector's length.
+
+    Returns:
+      The payload's bytes, a Python int.
     """
     try:
       hash(self)
@@ -73,7 +108,15 @@ class Compressor:
     return _payload_bytes(self, n, jax.config.jax_enable_x64)
 
   def roundtrip(self, x: jax.Array, key: jax.Array | None = None) -> jax.Array:
-    """decode(encode(x)) on one worker, from a fresh state (for tests and studies)."""
+    """decode(encode(x)) on one worker, from a fresh state (for tests and studies).
+
+    Args:
+      x: a float32 vector.
+      key: the PRNG key for `encode` (None: `jax.random.key(0)`).
+
+    Returns:
+      The float32 vector the payload stands for, x's size.
+    """
     key = jax.random.key(0) if key is None else key
     state = self.init(x.size)
     payload, state = self.encode(x, state, key)
@@ -91,12 +134,25 @@ def _payload_bytes(c: Compressor, n: int, x64: bool) -> int:
 
 
 def check_ratio(ratio: float) -> None:
+  """Raises ValueError unless 0 < ratio <= 1.
+
+  Args:
+    ratio: the fraction of elements a compressor keeps.
+  """
   if not 0 < ratio <= 1:
     raise ValueError(f'ratio must be in (0, 1], got {ratio}')
 
 
 def num_kept(n: int, ratio: float) -> int:
-  """k = max(1, floor(n * ratio)): how many of n elements a sparsifier keeps."""
+  """k = max(1, floor(n * ratio)): how many of n elements a sparsifier keeps.
+
+  Args:
+    n: the vector's length.
+    ratio: the fraction kept, in (0, 1].
+
+  Returns:
+    k, a Python int.
+  """
   return max(1, int(n * ratio))
 
 
@@ -104,7 +160,19 @@ def num_kept(n: int, ratio: float) -> int:
 
 
 def pack_bits(values: jax.Array, bits: int) -> jax.Array:
-  """Packs unsigned integers < 2**bits (bits in 1, 2, 4, 8) into uint8, little end first."""
+  """Packs unsigned integers < 2**bits (bits in 1, 2, 4, 8) into uint8, little end first.
+
+  Args:
+    values: a 1-D array of integers in [0, 2**bits).
+    bits: bits per value: 1, 2, 4 or 8.
+
+  Returns:
+    uint8 array [ceil(len(values) · bits / 8)]; value i sits in bits
+    (i mod 8/bits) · bits upwards of byte i // (8/bits), zero-padded.
+
+  Raises:
+    ValueError: if `bits` is not 1, 2, 4 or 8.
+  """
   if bits not in (1, 2, 4, 8):
     raise ValueError(f'bits must be 1, 2, 4 or 8, got {bits}')
   values = values.astype(jnp.uint8)
@@ -118,7 +186,16 @@ def pack_bits(values: jax.Array, bits: int) -> jax.Array:
 
 
 def unpack_bits(packed: jax.Array, bits: int, n: int) -> jax.Array:
-  """Inverse of `pack_bits`: the first n values, as uint8."""
+  """Inverse of `pack_bits`: the first n values, as uint8.
+
+  Args:
+    packed: the uint8 array `pack_bits` gave.
+    bits: bits per value, as packed.
+    n: how many values to return (the rest are padding).
+
+  Returns:
+    uint8 array [n].
+  """
   if bits == 8:
     return packed[:n]
   per_byte = 8 // bits
@@ -128,7 +205,17 @@ def unpack_bits(packed: jax.Array, bits: int, n: int) -> jax.Array:
 
 
 def bits_for(levels: int) -> int:
-  """Smallest of 1, 2, 4, 8 bits that holds `levels` distinct values."""
+  """Smallest of 1, 2, 4, 8 bits that holds `levels` distinct values.
+
+  Args:
+    levels: how many distinct values.
+
+  Returns:
+    The bits, 1, 2, 4 or 8.
+
+  Raises:
+    ValueError: if more than 256 levels.
+  """
   for bits in (1, 2, 4, 8):
     if levels <= 1 << bits:
       return bits
@@ -231,7 +318,15 @@ def bernoulli(key: jax.Array, p: jax.Array, bits: int = 16, chunk: int | None = 
 
 
 def buckets(x: jax.Array, size: int | None) -> jax.Array:
-  """x reshaped to [num_buckets, size], zero-padded (one bucket if size is None)."""
+  """x reshaped to [num_buckets, size], zero-padded (one bucket if size is None).
+
+  Args:
+    x: a 1-D vector.
+    size: elements per bucket (None, or at least x's size: one bucket of all).
+
+  Returns:
+    [ceil(n / size), size], the last bucket zero-padded; [1, n] for one.
+  """
   if size is None or size >= x.size:
     return x.reshape(1, -1)
   pad = (-x.size) % size

@@ -36,6 +36,13 @@ def orthogonalize(p: jax.Array, eps: float = 1e-8) -> jax.Array:
   epfml/powersgd use does. Column i spans what columns 0..i of p span;
   `eps` is added to each norm, so a zero column stays zero instead of
   becoming NaN.
+
+  Args:
+    p: the matrix [m, r] whose columns to orthonormalise.
+    eps: added to each column's norm before dividing by it.
+
+  Returns:
+    [m, r], orthonormal columns (a zero column stays zero).
   """
   return _gram_schmidt(_gram_schmidt(p, eps), eps)
 
@@ -59,6 +66,12 @@ class PowerSGD:
   (flax kernels put the output features last); 1-D tensors are not
   compressed. The rank is capped at the matrix's smaller side.
 
+  Attributes:
+    rank: r, the approximation's rank (>= 1).
+    warm_start: start each step's power iteration from the last Q (read by
+      `jd.sync.powersgd`; `init_q` draws the first).
+    seed: seed of the initial Q when `init_q` is given no key.
+
   Reference: Vogels, Karimireddy, Jaggi. PowerSGD: Practical Low-Rank
   Gradient Compression for Distributed Optimization. NeurIPS 2019.
   https://arxiv.org/abs/1905.13727
@@ -76,38 +89,103 @@ class PowerSGD:
 
   @staticmethod
   def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
+    """The matrix a tensor is compressed as: its leading axes flattened.
+
+    Args:
+      shape: the tensor's shape (..., out).
+
+    Returns:
+      (prod(...), out).
+    """
     return math.prod(shape[:-1]), shape[-1]
 
   def rank_for(self, shape: tuple[int, ...]) -> int:
+    """The rank used for a tensor of `shape`: `rank`, capped at its matrix's smaller side.
+
+    Args:
+      shape: the tensor's shape.
+
+    Returns:
+      The rank r.
+    """
     return min(self.rank, *self.matrix_shape(shape))
 
   def init_q(self, shape: tuple[int, ...], key: jax.Array | None = None) -> jax.Array:
-    """Initial Q [cols, r] ~ N(0, 1); the same on every worker (shared seed)."""
+    """Initial Q [cols, r] ~ N(0, 1); the same on every worker (shared seed).
+
+    Args:
+      shape: the tensor's shape.
+      key: the PRNG key (None: `jax.random.key(seed)`).
+
+    Returns:
+      float32 [cols, r], with (rows, cols) the tensor's `matrix_shape`.
+    """
     key = jax.random.key(self.seed) if key is None else key
     _, cols = self.matrix_shape(shape)
     return jax.random.normal(key, (cols, self.rank_for(shape)), jnp.float32)
 
   def wire_bytes(self, shape: tuple[int, ...]) -> tuple[int, int]:
-    """Bytes of P and of Q for a tensor of `shape` (float32)."""
+    """Bytes of P and of Q for a tensor of `shape` (float32).
+
+    Args:
+      shape: the tensor's shape.
+
+    Returns:
+      (bytes of P [rows, r], bytes of Q [cols, r]).
+    """
     rows, cols = self.matrix_shape(shape)
     r = self.rank_for(shape)
     return 4 * rows * r, 4 * cols * r
 
   @staticmethod
   def project(m: jax.Array, q: jax.Array) -> jax.Array:
-    """P = M orthogonalize(Q) [rows, r]: Q's columns made orthonormal first."""
+    """P = M orthogonalize(Q) [rows, r]: Q's columns made orthonormal first.
+
+    Args:
+      m: the matrix M [rows, cols].
+      q: Q [cols, r].
+
+    Returns:
+      P [rows, r].
+    """
     return m @ orthogonalize(q)
 
   @staticmethod
   def back(m: jax.Array, p_hat: jax.Array) -> jax.Array:
+    """The new Q = M^T P^ [cols, r].
+
+    Args:
+      m: the matrix M [rows, cols].
+      p_hat: P^, the orthonormalised mean P [rows, r].
+
+    Returns:
+      Q [cols, r].
+    """
     return m.T @ p_hat
 
   @staticmethod
   def decode(p_hat: jax.Array, q: jax.Array) -> jax.Array:
+    """The approximation P^ Q^T [rows, cols].
+
+    Args:
+      p_hat: P^ [rows, r].
+      q: the (mean) Q [cols, r].
+
+    Returns:
+      The rank-r matrix [rows, cols].
+    """
     return p_hat @ q.T
 
   def roundtrip(self, m: jax.Array, q: jax.Array | None = None) -> jax.Array:
-    """One worker's rank-r approximation of the matrix m (no communication)."""
+    """One worker's rank-r approximation of the matrix m (no communication).
+
+    Args:
+      m: the matrix [rows, cols].
+      q: the starting Q [cols, r] (None: `init_q`'s).
+
+    Returns:
+      P^ Q^T [rows, cols], Q = M^T P^ after one power iteration.
+    """
     q = self.init_q((m.shape[0], m.shape[1])) if q is None else q
     p_hat = orthogonalize(self.project(m, q))
     return self.decode(p_hat, self.back(m, p_hat))

@@ -67,6 +67,14 @@ def with_rng_bits(c: QSGD | TernGrad, rng_bits: int | None) -> QSGD | TernGrad:
 
   The coins' width is a class attribute, not a hyper-parameter (configs do not
   set it): this makes a subclass that overrides it, with `c`'s fields.
+
+  Args:
+    c: a `QSGD` or `TernGrad`.
+    rng_bits: 8, 16 or 32, or None.
+
+  Returns:
+    An instance of a subclass of c's class (one per class and width), with
+    c's fields.
   """
   return _rng_variant(type(c), rng_bits)(
     **{f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
@@ -115,6 +123,9 @@ class Cast(Compressor):
   worker shares before the cast (`narrow_dtype`), so that the clip is never
   reached, N payloads summed on the wire cannot overflow, and small gradients
   are not flushed to zero for being small.
+
+  Attributes:
+    dtype: 'bfloat16', 'float16', 'float8_e4m3fn' or 'float8_e5m2'.
   """
 
   dtype: str = 'bfloat16'
@@ -156,6 +167,10 @@ class QSGD(Compressor):
   `with_rng_bits` gives 8 or 32 bits, or None: `jax.random.bernoulli`
   (threefry, 23-bit floats; 5-10x slower on the CPU).
 
+  Attributes:
+    levels: s, in [1, 127].
+    bucket_size: elements per norm (None: one bucket of all).
+
   Reference: Alistarh, Grubic, Li, Tomioka, Vojnovic. QSGD:
   Communication-Efficient SGD via Gradient Quantization and Encoding.
   NeurIPS 2017. https://arxiv.org/abs/1610.02132
@@ -179,7 +194,15 @@ class QSGD(Compressor):
     return bits_for(2 * self.levels + 1)
 
   def coins(self, key: jax.Array, p: jax.Array) -> jax.Array:
-    """The rounding coins: Bernoulli(p) for the flat p, `rng_bits` bits each."""
+    """The rounding coins: Bernoulli(p) for the flat p, `rng_bits` bits each.
+
+    Args:
+      key: the PRNG key.
+      p: the probabilities [n], in [0, 1].
+
+    Returns:
+      bool [n].
+    """
     return _draw(key, p, self.rng_bits, self.bucket_size)
 
   def encode(self, x, state, key):
@@ -207,6 +230,9 @@ class TernGrad(Compressor):
   scalar sharing (max s over workers), which would need a collective.
   Coins as in `QSGD`: unbiased to within s·2^-17 (`with_rng_bits`).
 
+  Attributes:
+    bucket_size: elements per scale s (None: one bucket of all).
+
   Reference: Wen et al. TernGrad: Ternary Gradients to Reduce Communication
   in Distributed Deep Learning. NeurIPS 2017. https://arxiv.org/abs/1705.07878
   """
@@ -222,7 +248,15 @@ class TernGrad(Compressor):
     _check_rng_bits(self.rng_bits)
 
   def coins(self, key: jax.Array, p: jax.Array) -> jax.Array:
-    """The rounding coins: Bernoulli(p) for the flat p, `rng_bits` bits each."""
+    """The rounding coins: Bernoulli(p) for the flat p, `rng_bits` bits each.
+
+    Args:
+      key: the PRNG key.
+      p: the probabilities [n], in [0, 1].
+
+    Returns:
+      bool [n].
+    """
     return _draw(key, p, self.rng_bits, self.bucket_size)
 
   def encode(self, x, state, key):
@@ -275,6 +309,9 @@ class Sign(Compressor):
 class EFSign(Compressor):
   """Scaled sign: (‖x‖₁/d)·sign(x) per bucket of d elements; use with error feedback.
 
+  Attributes:
+    bucket_size: d (None: one bucket of all).
+
   Reference: Karimireddy, Rebjock, Stich, Jaggi. Error Feedback Fixes SignSGD
   and other Gradient Compression Schemes. ICML 2019.
   https://arxiv.org/abs/1901.09847
@@ -305,6 +342,9 @@ class OneBit(Compressor):
   Per bucket, positive entries decode to the mean of the non-negative
   entries and negative ones to the mean of the negative entries (two float32
   per bucket); use with error feedback, as the paper does.
+
+  Attributes:
+    bucket_size: elements per pair of means (None: one bucket of all).
 
   Reference: Seide, Fu, Droppo, Li, Yu. 1-Bit Stochastic Gradient Descent and
   its Application to Data-Parallel Distributed Training of Speech DNNs.
@@ -341,6 +381,9 @@ class TwoBit(Compressor):
   x ≥ τ sends +τ, x ≤ −τ sends −τ, anything in between sends 0; 2 bits each,
   τ fixed (not sent). Biased: use with error feedback, which keeps the rest
   (as MXNet's kvstore does). CD-SGD's compressor.
+
+  Attributes:
+    threshold: τ (> 0).
   """
 
   threshold: float = 0.5

@@ -43,6 +43,11 @@ def batches(
     comm_s: a synchronising step's modelled seconds at step t (0-based).
     alive: [K] bools per step t, False while a worker is dropped (None: all).
     example_bytes: one example's bytes, for the streams' buffer report.
+
+  Returns:
+    A `Controller`: its plans set `batches`, `counts` and (streams)
+    `lr_scale`; its fields are each step's `batches`, `compute_s` and the
+    streams' waits and queues.
   """
   streaming = isinstance(inner, Streams)
   adapts = mode == 'dynamic' or streaming  # its next batches read this step's times

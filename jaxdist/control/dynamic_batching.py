@@ -134,7 +134,14 @@ class DynamicBatchingState(NamedTuple):
 
 
 class DynamicBatching(NamedTuple):
-  """A host-side controller: `init(num_workers, throughputs=None)` and `update(state, times)`."""
+  """A host-side controller: `init(num_workers, throughputs=None)` and `update(state, times)`.
+
+  Attributes:
+    init: `(num_workers, throughputs=None) -> DynamicBatchingState`, batches
+      in proportion to `throughputs` (None: equal).
+    update: `(state, times [K]) -> DynamicBatchingState`, one iteration's
+      seconds per worker.
+  """
 
   init: Callable[..., DynamicBatchingState]
   update: Callable[[DynamicBatchingState, Sequence[float]], DynamicBatchingState]

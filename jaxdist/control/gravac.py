@@ -209,7 +209,13 @@ class GraVACState(NamedTuple):
 
 
 class GraVAC(NamedTuple):
-  """A host-side controller: `init()` and `update(state, *, gain_min, gain_cand, sent, ...)`."""
+  """A host-side controller: `init()` and `update(state, *, gain_min, gain_cand, sent, ...)`.
+
+  Attributes:
+    init: `() -> GraVACState`.
+    update: `(state, *, gain_min, gain_cand, sent, step_s, samples) ->
+      GraVACState`, one training step (see `gravac`).
+  """
 
   init: Callable[[], GraVACState]
   update: Callable[..., GraVACState]

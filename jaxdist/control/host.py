@@ -25,25 +25,43 @@ import numpy as np
 
 
 class Plan(NamedTuple):
-  """What the host decides before a step runs; None / empty / False: nothing to change."""
+  """What the host decides before a step runs; None / empty / False: nothing to change.
 
-  batches: np.ndarray | None = None  # [K] examples drawn per worker (None: the uniform batch)
-  counts: np.ndarray | None = None  # [K] examples each worker trains on (0: dropped)
-  lr_scale: float | None = None  # the step's learning rate is the schedule's × this
-  tx_args: Mapping[str, np.ndarray] = {}  # the chain's extra arguments, one value per worker
-  snapshot: bool = False  # keep a copy of the train state before the step
-  restore: bool = False  # go back to the copy before the step
-  exploring: bool = False  # the coming steps will be undone: evaluations and saves wait
-  needs_last: bool = False  # this controller's next plan reads this step's record
+  Attributes:
+    batches: [K] examples drawn per worker (None: the uniform batch).
+    counts: [K] examples each worker trains on (0: dropped).
+    lr_scale: the step's learning rate is the schedule's × this.
+    tx_args: the chain's extra arguments, one value per worker.
+    snapshot: keep a copy of the train state before the step.
+    restore: go back to the copy before the step.
+    exploring: the coming steps will be undone: evaluations and saves wait.
+    needs_last: this controller's next plan reads this step's record.
+  """
+
+  batches: np.ndarray | None = None
+  counts: np.ndarray | None = None
+  lr_scale: float | None = None
+  tx_args: Mapping[str, np.ndarray] = {}
+  snapshot: bool = False
+  restore: bool = False
+  exploring: bool = False
+  needs_last: bool = False
 
 
 class Record(NamedTuple):
-  """A step as a controller observes it."""
+  """A step as a controller observes it.
 
-  step: int  # 1-based, as the log numbers them
-  plan: Plan  # the plan the step ran
-  fields: Mapping[str, Any]  # its log record so far (loss, modelled times, ...)
-  fetched: Mapping[str, Any]  # the step's metrics fetched from the device
+  Attributes:
+    step: 1-based, as the log numbers them.
+    plan: the plan the step ran.
+    fields: its log record so far (loss, modelled times, ...).
+    fetched: the step's metrics fetched from the device.
+  """
+
+  step: int
+  plan: Plan
+  fields: Mapping[str, Any]
+  fetched: Mapping[str, Any]
 
 
 class Controller(NamedTuple):
@@ -71,7 +89,18 @@ def _given(value: Any) -> bool:
 
 
 def merge(plans: Mapping[str, Plan]) -> Plan:
-  """One plan from several: a value set by two controllers is a ValueError."""
+  """One plan from several: a value set by two controllers is a ValueError.
+
+  Args:
+    plans: each controller's plan, by its name.
+
+  Returns:
+    A `Plan` with each value the one controller that set it gave, and each
+    flag true if any plan sets it.
+
+  Raises:
+    ValueError: if two controllers set the same value.
+  """
   out: dict[str, Any] = {}
   for field in _MERGED:
     setters = [name for name, p in plans.items() if _given(getattr(p, field))]
@@ -87,6 +116,14 @@ def merge(plans: Mapping[str, Plan]) -> Plan:
 def chain(**controllers: Controller) -> Controller:
   """The controllers as one: states by name, plans merged, fields of all.
 
+  Args:
+    **controllers: the controllers, each under the name its state is kept by.
+
+  Returns:
+    A `Controller` whose state is a dict of theirs, whose plan is their plans
+    `merge`d, and whose fields and summary are all of theirs.
+
+  Example:
   >>> count = Controller(lambda: 0, lambda s, t: Plan(), lambda s, r: (s + 1, {'seen': s + 1}))
   >>> both = chain(a=count, b=count._replace(plan=lambda s, t: Plan(lr_scale=2.0)))
   >>> state = both.init()
@@ -120,7 +157,14 @@ def chain(**controllers: Controller) -> Controller:
 
 
 def to_tree(state: Any) -> Any:
-  """A controller state as JSON-ready values: NamedTuples as dicts, arrays as lists, NaN None."""
+  """A controller state as JSON-ready values: NamedTuples as dicts, arrays as lists, NaN None.
+
+  Args:
+    state: a controller's state (NamedTuples, mappings, arrays, numbers).
+
+  Returns:
+    The same values as dicts, lists and Python numbers.
+  """
   if isinstance(state, tuple) and hasattr(state, '_fields'):
     return {k: to_tree(v) for k, v in state._asdict().items()}
   if isinstance(state, Mapping):
@@ -139,6 +183,13 @@ def from_tree(template: Any, tree: Any) -> Any:
 
   Fields missing from `tree` keep the template's value (a state saved before a
   field was added).
+
+  Args:
+    template: a state of the controller, giving the types and dtypes.
+    tree: what `to_tree` gave (e.g. read back from JSON).
+
+  Returns:
+    A state of the template's types.
   """
   if isinstance(template, tuple) and hasattr(template, '_fields'):
     return type(template)(*(

@@ -65,10 +65,19 @@ from jaxdist.control.scadles import scadles_compression
 
 
 class RatioState(NamedTuple):
-  index: int  # the candidate of the steps to come (len(ratios): dense)
-  compressed: int  # steps observed that sent a candidate, not dense
-  steps: int  # steps observed
-  inner: Any  # the rule's state
+  """State of a ratio controller.
+
+  Attributes:
+    index: the candidate of the steps to come (len(ratios): dense).
+    compressed: steps observed that sent a candidate, not dense.
+    steps: steps observed.
+    inner: the rule's state.
+  """
+
+  index: int
+  compressed: int
+  steps: int
+  inner: Any
 
 
 class GraVACInner(NamedTuple):
@@ -131,6 +140,23 @@ def gravac_control(
   changes θ_min or θ_c (the new CF's gains enter the average its predecessor
   built). `samples` is the global batch (GraVAC's throughput counts samples);
   `network` names the profile whose `modelled_s` times each factor.
+
+  Args:
+    ratios: the chain's candidate ratios, one per CF of
+      `candidate_factors(theta_min, theta_max, policy)` (as 1/CF).
+    num_workers: K.
+    network: the network profile's name (the log's `modelled_s@<name>`).
+    theta_min: the first floor CF (`jd.control.candidate_factors`).
+    theta_max: the largest CF.
+    policy: 'exponential' or 'geometric'.
+    epsilon: ε, the gain a compressed step needs (`jd.control.gravac`).
+    omega: ω, the relative closeness of gains and of times.
+    window: steps between checks.
+    decay: the EWMAs' decay, in [0, 1).
+    samples: the global batch, in examples.
+
+  Returns:
+    A `Controller` whose state is a `RatioState`.
   """
   if not 0.0 <= decay < 1.0:
     raise ValueError(f'decay must be in [0, 1), got {decay}')
@@ -173,6 +199,15 @@ def scadles_control(
   """ScaDLES's compress-or-not rule (`jd.control.scadles_compression`): Top-k or dense.
 
   Starts dense.
+
+  Args:
+    ratios: the chain's candidate ratios; the first is the Top-k sent.
+    num_workers: K.
+    delta: δ, as `scadles_compression`'s.
+    decay: the EWMAs' decay, as `scadles_compression`'s.
+
+  Returns:
+    A `Controller` whose state is a `RatioState`.
   """
   rule = scadles_compression(num_workers, delta=delta, decay=decay)
 
@@ -193,8 +228,24 @@ def adopt_control(
 ) -> Controller:  # fmt: skip
   """ADOPT: explore every candidate, fit, and choose by NSGA-II + ASF (the module docstring).
 
-  `network`: the profile or schedule in force (`netmodel.network_at`); the
-  arguments after it are `jd.control.adopt`'s.
+  Args:
+    ratios: the chain's candidate ratios, `jd.control.adopt`'s `candidates`.
+    num_workers: N.
+    network: the profile or schedule in force (`netmodel.network_at`).
+    num_params: M, elements of the fused gradient.
+    warmup_steps: steps before the first exploration.
+    explore_steps: steps per candidate in an exploration.
+    gain_threshold: the smoothed relative gain change that re-explores.
+    window: values in the windowed EWMAs.
+    smoothing: their α.
+    weights: ASF weights of (comm time, gain).
+    seed: NSGA-II's seed.
+    algorithms: all-reduce algorithms the cost model may price.
+    leader: AR-Top-k's leader rule, for pricing.
+
+  Returns:
+    A `Controller` whose state is a `RatioState`; its plan sets `candidate`
+    and `via` (the collective).
   """
   ctl = adopt(
     ratios, num_params=num_params, num_workers=num_workers, warmup_steps=warmup_steps,

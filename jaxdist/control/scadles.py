@@ -19,10 +19,24 @@ from jaxdist.control.ewma import ewma
 
 
 class ScaDLESState(NamedTuple):
-  sums: np.ndarray  # [K, 2] float64: each worker's EWMA of ‖w‖² and of ‖Top-k(w)‖² (NaN: none)
+  """State of `scadles_compression`.
+
+  Attributes:
+    sums: [K, 2] float64, each worker's EWMA of ‖w‖² and of ‖Top-k(w)‖²
+      (NaN: none yet).
+  """
+
+  sums: np.ndarray
 
 
 class ScaDLES(NamedTuple):
+  """ScaDLES's rule: `init()` and `update(state, sq_norms, kept) -> (state, compress)`.
+
+  Attributes:
+    init: `() -> ScaDLESState`.
+    update: `(state, sq_norms [K], kept [K]) -> (state, compress)`.
+  """
+
   init: Callable[[], ScaDLESState]
   update: Callable[[ScaDLESState, np.ndarray, np.ndarray], tuple[ScaDLESState, bool]]
 
@@ -31,6 +45,16 @@ def scadles_compression(num_workers: int, *, delta: float = 0.3, decay: float = 
   """The rule as (init, update): update(state, sq_norms [K], kept [K]) -> (state, compress).
 
   `kept` is each worker's ‖Top-k(w)‖² / ‖w‖² (its compression gain).
+  `compress` is true when more than half the workers' EWMA signals
+  |‖w‖² − ‖Top-k(w)‖²| / ‖w‖² are within δ.
+
+  Args:
+    num_workers: K.
+    delta: δ, in [0, 1].
+    decay: the EWMAs' decay, in [0, 1).
+
+  Returns:
+    `ScaDLES(init, update)`.
 
   >>> rule = scadles_compression(3, delta=0.3, decay=0.5)
   >>> sq = np.array([1.0, 2.0, 1.0])

@@ -200,7 +200,13 @@ class StreamState(NamedTuple):
 
 
 class Streams(NamedTuple):
-  """The streaming model: `init(num_workers)` and `update(state, step_s)`."""
+  """The streaming model: `init(num_workers)` and `update(state, step_s)`.
+
+  Attributes:
+    init: `(num_workers) -> StreamState`, the first step's batches.
+    update: `(state, step_s) -> StreamState`, after a step of `step_s`
+      modelled seconds.
+  """
 
   init: Callable[[int], StreamState]
   update: Callable[[StreamState, float], StreamState]
@@ -330,6 +336,12 @@ def _batches(batches: Sequence[int] | np.ndarray) -> np.ndarray:
 def weights(batches: Sequence[int] | np.ndarray) -> np.ndarray:
   """λ_k = b_k / Σ_j b_j, the aggregation weights of Eq. 4 (on the batches trained).
 
+  Args:
+    batches: [K] examples each worker trained.
+
+  Returns:
+    [K] float weights summing to 1.
+
   Example:
     >>> weights([10, 30])
     array([0.25, 0.75])
@@ -340,6 +352,13 @@ def weights(batches: Sequence[int] | np.ndarray) -> np.ndarray:
 
 def lr_scale(batches: Sequence[int] | np.ndarray, base_batch: int) -> float:
   """η_scaled / η = Σ_k b_k / B, the linear learning-rate scale of this step.
+
+  Args:
+    batches: [K] examples each worker trains.
+    base_batch: B, the batch the learning rate is set for (>= 1).
+
+  Returns:
+    The scale, a float.
 
   Example:
     >>> lr_scale([10, 30], 64)

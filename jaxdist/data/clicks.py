@@ -28,7 +28,13 @@ _TEACHER, _TRAIN, _TEST = 0, 1, 2
 
 @dataclasses.dataclass(frozen=True)
 class ClickBatch:
-  """Examples in host memory: `dense` [n, F] float32, `ids` [n, T] int32, `labels` [n] float32."""
+  """Examples in host memory: `dense` [n, F] float32, `ids` [n, T] int32, `labels` [n] float32.
+
+  Attributes:
+    dense: [n, F] float32 dense features.
+    ids: [n, T] int32, one row id per table.
+    labels: [n] float32 clicks, 0 or 1.
+  """
 
   dense: np.ndarray
   ids: np.ndarray
@@ -77,19 +83,42 @@ class Clicks:
     return ClickBatch(dense, ids, labels)
 
   def batch(self, step: int, size: int) -> ClickBatch:
-    """The `size` training examples of step `step` (the same on every call)."""
+    """The `size` training examples of step `step` (the same on every call).
+
+    Args:
+      step: the training step (>= 0).
+      size: examples (>= 1).
+
+    Returns:
+      A `ClickBatch` of `size` examples, seeded by (seed, step, size).
+    """
     if step < 0 or size < 1:
       raise ValueError(f'step must be >= 0 and size >= 1, got step={step}, size={size}')
     return self._sample(np.random.default_rng((self.seed, _TRAIN, step, size)), size)
 
   def test(self, size: int) -> ClickBatch:
-    """A held-out split of `size` examples from its own stream."""
+    """A held-out split of `size` examples from its own stream.
+
+    Args:
+      size: examples (>= 1).
+
+    Returns:
+      A `ClickBatch`, the same for the same size.
+    """
     if size < 1:
       raise ValueError(f'size must be >= 1, got {size}')
     return self._sample(np.random.default_rng((self.seed, _TEST, size)), size)
 
   def logit(self, dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """The teacher's logit of each example."""
+    """The teacher's logit of each example.
+
+    Args:
+      dense: [n, F] dense features.
+      ids: [n, T] row ids.
+
+    Returns:
+      float32 [n], b0 + x·w + Σ_t β_t[i_t] + Σ_{t<u} ⟨V_t[i_t], V_u[i_u]⟩.
+    """
     tables = np.arange(self.num_tables)[None, :]
     v = self.latent[tables, ids]  # [n, T, K]
     gram = np.einsum('ntk,nuk->ntu', v, v)
@@ -97,17 +126,36 @@ class Clicks:
     return (self.bias + dense @ self.w + self.beta[tables, ids].sum(1) + pairs).astype(np.float32)
 
   def probability(self, dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """The teacher's click probability of each example."""
+    """The teacher's click probability of each example.
+
+    Args:
+      dense: [n, F] dense features.
+      ids: [n, T] row ids.
+
+    Returns:
+      [n], the sigmoid of `logit`.
+    """
     return 1 / (1 + np.exp(-self.logit(dense, ids)))
 
   def bayes_logloss(self, split: ClickBatch) -> float:
-    """Log-loss of the teacher's own probabilities on `split` (the best achievable, noise aside)."""
+    """Log-loss of the teacher's own probabilities on `split` (the best achievable, noise aside).
+
+    Args:
+      split: labelled examples, e.g. `test(size)`.
+
+    Returns:
+      The mean log-loss, a float (probabilities clipped to [1e-7, 1 − 1e-7]).
+    """
     p = np.clip(self.probability(split.dense, split.ids), 1e-7, 1 - 1e-7)
     y = split.labels
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
   def frequencies(self) -> np.ndarray:
-    """[T, R] probability that an example looks up each row."""
+    """[T, R] probability that an example looks up each row.
+
+    Returns:
+      float [T, R]; each table's row sums to 1.
+    """
     out = np.zeros((self.num_tables, self.rows))
     for t in range(self.num_tables):
       out[t, self.perm[t]] = self.probs

@@ -39,7 +39,12 @@ class DatasetError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Split:
-  """One split in host memory: `images` [n, H, W, C] as stored, `labels` [n] int32."""
+  """One split in host memory: `images` [n, H, W, C] as stored, `labels` [n] int32.
+
+  Attributes:
+    images: [n, H, W, C], in the dataset's dtype (uint8 for tfds images).
+    labels: [n] int32 class labels.
+  """
 
   images: np.ndarray
   labels: np.ndarray
@@ -50,7 +55,16 @@ class Split:
 
 @dataclasses.dataclass(frozen=True)
 class Dataset:
-  """A train and a test split, standardised per channel with train statistics."""
+  """A train and a test split, standardised per channel with train statistics.
+
+  Attributes:
+    name: the dataset's name (a tfds name, or 'synthetic').
+    train: the training split.
+    test: the test split.
+    num_classes: the number of labels.
+    mean: [C] each channel's mean over the training images.
+    std: [C] each channel's standard deviation over them.
+  """
 
   name: str
   train: Split
@@ -78,11 +92,26 @@ class Dataset:
     return self.train.images[0].nbytes
 
   def normalize(self, images: np.ndarray) -> np.ndarray:
-    """Standardised float32 images."""
+    """Standardised float32 images.
+
+    Args:
+      images: [..., C] images as stored.
+
+    Returns:
+      (images − mean) / std, float32, of the same shape.
+    """
     return ((images.astype(np.float32) - self.mean) / self.std).astype(np.float32)
 
   def inputs(self, split: Split, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(model inputs, labels) of the examples `idx` (any shape) of `split`."""
+    """(model inputs, labels) of the examples `idx` (any shape) of `split`.
+
+    Args:
+      split: `train` or `test`.
+      idx: example indices, any shape.
+
+    Returns:
+      (standardised images [*idx.shape, H, W, C], labels [*idx.shape]).
+    """
     return self.normalize(split.images[idx]), split.labels[idx]
 
 
@@ -153,6 +182,11 @@ def _channel_statistics(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def default_data_dir() -> str:
+  """Where tfds datasets are read and prepared.
+
+  Returns:
+    `$TFDS_DATA_DIR`, else ~/tensorflow_datasets.
+  """
   return os.environ.get('TFDS_DATA_DIR', os.path.expanduser('~/tensorflow_datasets'))
 
 
@@ -315,6 +349,18 @@ def batch_indices(step: int, *, seed: int, num_examples: int, batch_size: int) -
 
   Each epoch is a fresh permutation seeded by (seed, epoch); the examples left
   over after the last full batch of an epoch are skipped in that epoch.
+
+  Args:
+    step: the global batch's index (>= 0).
+    seed: seeds each epoch's permutation.
+    num_examples: the examples of the split.
+    batch_size: the global batch.
+
+  Returns:
+    int array [batch_size] of example indices.
+
+  Raises:
+    DatasetError: if the batch is larger than the split.
   """
   per_epoch = num_examples // batch_size
   if per_epoch < 1:
@@ -326,6 +372,17 @@ def batch_indices(step: int, *, seed: int, num_examples: int, batch_size: int) -
 def worker_indices(
   step: int, *, seed: int, num_examples: int, workers: int, per_worker: int
 ) -> np.ndarray:
-  """Global batch `step` as example indices [workers, per_worker]; row w is worker w's."""
+  """Global batch `step` as example indices [workers, per_worker]; row w is worker w's.
+
+  Args:
+    step: the global batch's index (>= 0).
+    seed: seeds each epoch's permutation (as `batch_indices`).
+    num_examples: the examples of the split.
+    workers: K.
+    per_worker: examples per worker.
+
+  Returns:
+    int array [workers, per_worker].
+  """
   idx = batch_indices(step, seed=seed, num_examples=num_examples, batch_size=workers * per_worker)
   return idx.reshape(workers, per_worker)

@@ -192,6 +192,12 @@ class Sampler:
     """The workers that share data at `step` (sorted); empty without injection.
 
     ⌈α·K⌉ workers drawn without replacement, seeded by (seed, step).
+
+    Args:
+      step: the training step.
+
+    Returns:
+      int64 array of worker indices, ascending.
     """
     if not self.partition.injects:
       return np.zeros(0, np.int64)
@@ -204,6 +210,12 @@ class Sampler:
 
     b'_k = ⌈sizes[k] / (1 + αβK)⌉ is SelSync's own-batch size (Eq. 3) and a
     sender shares ⌊β·b'_k⌋ examples of it.
+
+    Args:
+      sizes: [K] per-worker batch sizes.
+
+    Returns:
+      int64 array [K] (zeros without injection).
     """
     sizes = self._check_sizes(sizes)
     a, b = self.partition.inject_alpha, self.partition.inject_beta

@@ -24,7 +24,13 @@ import numpy as np
 
 
 class Windows:
-  """A token stream as windows of `context + 1` tokens every `context` tokens."""
+  """A token stream as windows of `context + 1` tokens every `context` tokens.
+
+  Args:
+    tokens: the stream's token ids (kept as int32).
+    context: tokens a model reads per window (>= 1); window i is tokens
+      [i·context, (i + 1)·context], one more to give the last one's label.
+  """
 
   def __init__(self, tokens: np.ndarray, context: int):
     if context < 1:
@@ -43,7 +49,14 @@ class Windows:
     return (len(self.tokens) - 1) // self.context
 
   def window(self, idx: np.ndarray) -> np.ndarray:
-    """The windows `idx` (any shape) as tokens [..., context + 1]."""
+    """The windows `idx` (any shape) as tokens [..., context + 1].
+
+    Args:
+      idx: window indices, any shape.
+
+    Returns:
+      int32 [*idx.shape, context + 1].
+    """
     starts = np.asarray(idx, np.int64)[..., None] * self.context
     return self.tokens[starts + np.arange(self.context + 1)]
 
@@ -88,7 +101,16 @@ class Sequences:
     return 4 * (self.context + 1)
 
   def inputs(self, split: Windows, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens [..., context], next tokens [..., context]) of the windows `idx`."""
+    """(tokens [..., context], next tokens [..., context]) of the windows `idx`.
+
+    Args:
+      split: `train` or `test`.
+      idx: window indices, any shape.
+
+    Returns:
+      (inputs, labels), each int32 [*idx.shape, context]: labels are the
+      inputs shifted by one token.
+    """
     w = split.window(idx)
     return w[..., :-1], w[..., 1:]
 

@@ -44,11 +44,28 @@ class Text:
   chars: str = ''
 
   def encode(self, text: str) -> np.ndarray:
-    """`text` as token ids (a character outside the vocabulary is an error)."""
+    """`text` as token ids (a character outside the vocabulary is an error).
+
+    Args:
+      text: a string.
+
+    Returns:
+      int32 ids: its characters' ('char') or its UTF-8 bytes' ('byte').
+
+    Raises:
+      ValueError: if a character is outside the vocabulary.
+    """
     return _ids(text, self.chars)
 
   def decode(self, ids) -> str:
-    """Token ids as text (bytes that are not valid UTF-8 become U+FFFD)."""
+    """Token ids as text (bytes that are not valid UTF-8 become U+FFFD).
+
+    Args:
+      ids: token ids, any shape (read flat).
+
+    Returns:
+      The text.
+    """
     ids = np.asarray(ids).reshape(-1)
     if self.level == 'byte':
       return ids.astype(np.uint8).tobytes().decode('utf-8', errors='replace')

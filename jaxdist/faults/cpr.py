@@ -86,6 +86,13 @@ def _fraction(name: str, value: float) -> float:
 def young_interval(save_s: float, mttf_s: float) -> float:
   """Young's checkpoint interval √(2·O_save·T_fail), seconds of work between checkpoints.
 
+  Args:
+    save_s: O_save, seconds a full checkpoint takes (> 0).
+    mttf_s: T_fail, mean seconds between failures (> 0).
+
+  Returns:
+    The interval in seconds.
+
   >>> young_interval(2.0, 100.0)
   20.0
   """
@@ -94,6 +101,14 @@ def young_interval(save_s: float, mttf_s: float) -> float:
 
 def pls_interval(pls_target: float, mttf_s: float, num_shards: int) -> float:
   """CPR's interval for a PLS target: T_save = 2 · PLS · N · T_fail.
+
+  Args:
+    pls_target: the PLS to expect, in (0, 1).
+    mttf_s: T_fail, mean seconds between failures.
+    num_shards: N.
+
+  Returns:
+    T_save in seconds.
 
   >>> pls_interval(0.05, 100.0, 8)
   80.0
@@ -106,6 +121,14 @@ def pls_interval(pls_target: float, mttf_s: float, num_shards: int) -> float:
 
 def expected_pls(interval_s: float, mttf_s: float, num_shards: int) -> float:
   """The PLS partial recovery expects at checkpoint interval T_save: T_save / (2·N·T_fail).
+
+  Args:
+    interval_s: T_save, seconds between checkpoints.
+    mttf_s: T_fail, mean seconds between failures.
+    num_shards: N.
+
+  Returns:
+    The expected PLS.
 
   >>> expected_pls(80.0, 100.0, 8)
   0.05
@@ -123,6 +146,9 @@ def pls(lost_samples: Iterable[float], num_shards: int, total_samples: float) ->
       last checkpoint or restore (whose updates to that shard were discarded).
     num_shards: N, the shards the embedding tables are split over.
     total_samples: S, the samples of the whole run.
+
+  Returns:
+    PLS, a float.
 
   >>> pls([100, 300], num_shards=4, total_samples=1000)
   0.1
@@ -167,7 +193,16 @@ def expected_overhead(
   full:    O_save/T_save + (T_save/2 + O_load + O_restart) / T_fail
   partial: O_save/T_save + (O_load/N + O_restart) / T_fail
 
-  `save_fraction` scales O_save (the rows a checkpoint writes, per interval).
+  Args:
+    recovery: 'full' or 'partial'.
+    interval_s: T_save, seconds between (full) checkpoints.
+    costs: the modelled cluster (O_save, O_load, O_restart, T_fail).
+    num_shards: N.
+    save_fraction: scales O_save: the full checkpoints' worth of rows
+      written per interval.
+
+  Returns:
+    The overhead, a fraction of the failure-free time.
 
   >>> costs = Costs(save_s=2, load_s=0, restart_s=0, mttf_s=100)
   >>> round(expected_overhead('full', 20.0, costs, num_shards=8), 3)
@@ -183,7 +218,12 @@ def expected_overhead(
 
 
 class Failures(NamedTuple):
-  """A failure trace: `times_s` [F] increasing modelled seconds, `workers` [F] which one failed."""
+  """A failure trace of F failures.
+
+  Attributes:
+    times_s: [F] float64, increasing modelled seconds.
+    workers: [F] int64, the worker each one fails.
+  """
 
   times_s: np.ndarray
   workers: np.ndarray
@@ -191,6 +231,15 @@ class Failures(NamedTuple):
 
 def sample_failures(mttf_s: float, horizon_s: float, num_workers: int, seed: int) -> Failures:
   """Failures of a Poisson process of mean gap `mttf_s` up to `horizon_s`, each of one worker.
+
+  Args:
+    mttf_s: the mean gap, seconds.
+    horizon_s: the last time that may fail, seconds.
+    num_workers: failed workers are drawn uniformly from these.
+    seed: seeds the gaps and the workers.
+
+  Returns:
+    The `Failures`.
 
   >>> f = sample_failures(10.0, 1000.0, 4, seed=0)
   >>> bool(np.all(np.diff(f.times_s) > 0)), set(f.workers.tolist()) <= {0, 1, 2, 3}
@@ -213,7 +262,16 @@ def sample_failures(mttf_s: float, horizon_s: float, num_workers: int, seed: int
 
 
 def shard_tables(shard: int, num_tables: int, num_shards: int) -> range:
-  """The tables shard `shard` owns: [k·T/N, (k+1)·T/N), as the hybrid layout places them."""
+  """The tables shard `shard` owns: [k·T/N, (k+1)·T/N), as the hybrid layout places them.
+
+  Args:
+    shard: k, in [0, N).
+    num_tables: T, a multiple of N.
+    num_shards: N.
+
+  Returns:
+    The range of table indices.
+  """
   if num_tables % num_shards:
     raise ValueError(f'num_tables ({num_tables}) must be a multiple of num_shards ({num_shards})')
   if not 0 <= shard < num_shards:
@@ -224,6 +282,13 @@ def shard_tables(shard: int, num_tables: int, num_shards: int) -> range:
 
 def mfu_rows(counts_R: np.ndarray, k: int) -> np.ndarray:
   """The (at most) `k` rows with the most lookups, used rows only; ties to the lower id.
+
+  Args:
+    counts_R: [R] lookups of each row.
+    k: the most rows to pick (>= 0).
+
+  Returns:
+    The rows' ids, ascending.
 
   >>> mfu_rows(np.array([3, 0, 5, 3, 1]), 3).tolist()
   [0, 2, 3]
@@ -237,6 +302,14 @@ def mfu_rows(counts_R: np.ndarray, k: int) -> np.ndarray:
 
 def mfu_mask(counts_TxR: np.ndarray, tables: Sequence[int] | range, k: int) -> np.ndarray:
   """[T, R] mask of the `k` most-used rows among `tables` (one shard's), as `mfu_rows` ranks them.
+
+  Args:
+    counts_TxR: [T, R] lookups of each row.
+    tables: the tables to choose from.
+    k: the most rows to pick.
+
+  Returns:
+    bool [T, R].
 
   >>> mfu_mask(np.array([[0, 4], [2, 9], [7, 1]]), tables=[0, 1], k=2).astype(int).tolist()
   [[0, 1], [0, 1], [0, 0]]
@@ -258,6 +331,14 @@ class SSUSampler:
   `capacity` distinct rows; `take(shard)` returns them as a [T, R] mask and
   forgets them. No per-row counters: memory is the bounded sample.
 
+  Args:
+    num_tables: T.
+    rows: R, rows per table.
+    num_shards: N; T must be a multiple.
+    capacity: distinct rows each shard keeps (>= 1).
+    rate: the probability each lookup is kept, in (0, 1].
+    seed: seeds the sample.
+
   >>> s = SSUSampler(num_tables=2, rows=4, num_shards=2, capacity=2, rate=1.0, seed=0)
   >>> s.record(np.array([[1, 3], [2, 3], [0, 0]]))
   >>> np.argwhere(s.take(0)).tolist(), np.argwhere(s.take(1)).tolist()
@@ -278,7 +359,11 @@ class SSUSampler:
     self._rows: list[dict[int, None]] = [{} for _ in range(num_shards)]
 
   def record(self, ids_BxT: np.ndarray) -> None:
-    """Samples this step's lookups."""
+    """Samples this step's lookups.
+
+    Args:
+      ids_BxT: [B, T] the step's row ids, one per table per example.
+    """
     keep = self._rng.random(ids_BxT.shape) < self.rate
     _, t = np.nonzero(keep)
     keys = t.astype(np.int64) * self.rows + ids_BxT[keep]
@@ -293,7 +378,14 @@ class SSUSampler:
         rows[int(key)] = None
 
   def take(self, shard: int) -> np.ndarray:
-    """[T, R] mask of the rows sampled on `shard` since its last `take`; forgets them."""
+    """[T, R] mask of the rows sampled on `shard` since its last `take`; forgets them.
+
+    Args:
+      shard: the shard, in [0, N).
+
+    Returns:
+      bool [T, R].
+    """
     mask = np.zeros(self.num_tables * self.rows, bool)
     mask[list(self._rows[shard])] = True
     self._rows[shard] = {}
@@ -306,6 +398,10 @@ class RowCheckpoint:
   Holds one or more arrays whose leading axes are [T, R] (the tables, and
   per-row optimizer state such as row-wise Adagrad's accumulators), saved
   and restored row by row together.
+
+  Args:
+    *arrays: the initial arrays, each [T, R, ...] (copied).
+    step: the step they are saved at.
 
   Attributes:
     values: the saved arrays, each [T, R, ...].
@@ -332,7 +428,16 @@ class RowCheckpoint:
   def save(
     self, arrays: Sequence[np.ndarray], step: int, mask_TxR: np.ndarray | None = None
   ) -> int:
-    """Saves every row (or the rows of `mask_TxR`); returns how many rows were written."""
+    """Saves every row (or the rows of `mask_TxR`); returns how many rows were written.
+
+    Args:
+      arrays: the current arrays, as many as `values`.
+      step: the step they are at.
+      mask_TxR: [T, R] bool, the rows to save (None: all).
+
+    Returns:
+      The rows written.
+    """
     if len(arrays) != len(self.values):
       raise ValueError(f'expected {len(self.values)} arrays, got {len(arrays)}')
     for saved, a in zip(self.values, arrays, strict=True):
@@ -349,7 +454,15 @@ class RowCheckpoint:
   def restore(
     self, arrays: Sequence[np.ndarray], tables: Sequence[int] | range
   ) -> tuple[np.ndarray, ...]:
-    """Copies of `arrays` with `tables` (a failed shard's) set back to their saved rows."""
+    """Copies of `arrays` with `tables` (a failed shard's) set back to their saved rows.
+
+    Args:
+      arrays: the current arrays, as many as `values`.
+      tables: the tables to restore.
+
+    Returns:
+      The restored copies, in `values`' order.
+    """
     idx = list(tables)
     out = []
     for saved, a in zip(self.values, arrays, strict=True):
@@ -406,6 +519,14 @@ def priority_schedule(interval_s: float, fraction: float, per_full: int) -> tupl
 
   Writes per second: 1/T_full + (per_full − 1)·φ/T_full = 1/interval_s.
 
+  Args:
+    interval_s: the plain partial-recovery interval whose budget to match.
+    fraction: φ, in (0, 1).
+    per_full: k, checkpoints per full interval, the full one included (>= 2).
+
+  Returns:
+    (T_full, T_priority = T_full / k), in seconds.
+
   >>> priority_schedule(100.0, 0.125, 8)
   (187.5, 23.4375)
   """
@@ -431,6 +552,17 @@ def strategy(
   CPR's overheads are the time checkpoints and failures add to its time),
   'full' (Young's interval), 'partial' (PLS-target interval), 'partial_mfu'
   and 'partial_ssu' (`priority_schedule` of the PLS interval).
+
+  Args:
+    name: the strategy's name, above.
+    costs: the modelled cluster.
+    num_shards: N.
+    pls_target: the partial strategies' PLS target.
+    fraction: φ of the prioritised ones.
+    per_full: k of the prioritised ones.
+
+  Returns:
+    The `Strategy`, its intervals in steps (at least 1).
   """
   if name == 'none':
     return Strategy(name, 'none', 0)

@@ -69,7 +69,18 @@ Batch = tuple[jax.Array, jax.Array, jax.Array]  # dense_BxF, ids_BxT, labels_B
 def init_state(
   model: dlrm.DLRM, rng: jax.Array, *, num_tables: int, rows: int, num_dense: int
 ) -> DLRMState:
-  """Tables uniform in ±1/√R and the MLP's Flax initialisation."""
+  """Tables uniform in ±1/√R and the MLP's Flax initialisation.
+
+  Args:
+    model: the dense part.
+    rng: the PRNG key.
+    num_tables: T.
+    rows: R, rows per table.
+    num_dense: F, dense features.
+
+  Returns:
+    The `DLRMState` (accumulators zero), on the default device.
+  """
   k_tab, k_mlp = jax.random.split(rng)
   tables = dlrm.init_tables(k_tab, num_tables, rows, model.embed_dim)
   dense = jnp.zeros((1, num_dense))
@@ -79,7 +90,17 @@ def init_state(
 
 
 def logits(model: nn.Module, state: DLRMState, dense_BxF: jax.Array, ids_BxT: jax.Array):
-  """The model's click logits on one device (the whole stack of tables)."""
+  """The model's click logits on one device (the whole stack of tables).
+
+  Args:
+    model: the dense part.
+    state: the parameters.
+    dense_BxF: [B, F] dense features.
+    ids_BxT: [B, T] row ids.
+
+  Returns:
+    [B] logits.
+  """
   return model.apply({'params': state.mlp}, dense_BxF, dlrm.lookup(state.tables, ids_BxT))
 
 
@@ -110,7 +131,17 @@ def _update(optimizer: str, lr_tables: float, lr_mlp: float) -> _Update:
 def make_reference_step(
   model: nn.Module, *, lr_tables: float, lr_mlp: float, optimizer: str = 'sgd'
 ) -> Callable[[DLRMState, jax.Array, jax.Array, jax.Array], tuple[DLRMState, jax.Array]]:
-  """A jitted one-device `(state, dense, ids, labels) -> (state, loss)` on the global batch."""
+  """A jitted one-device `(state, dense, ids, labels) -> (state, loss)` on the global batch.
+
+  Args:
+    model: the dense part.
+    lr_tables: learning rate of the tables.
+    lr_mlp: SGD learning rate of the MLP.
+    optimizer: of the tables, 'sgd' or 'rowwise_adagrad'.
+
+  Returns:
+    The step, as `make_hybrid_step`'s on one device.
+  """
   update = _update(optimizer, lr_tables, lr_mlp)
 
   def step(state, dense, ids, labels):
@@ -125,7 +156,15 @@ def make_reference_step(
 
 
 def shardings(mesh: Mesh) -> tuple[DLRMState, NamedSharding]:
-  """(state shardings, batch sharding) of the hybrid layout on `mesh` (axis `data`)."""
+  """(state shardings, batch sharding) of the hybrid layout on `mesh` (axis `data`).
+
+  Args:
+    mesh: a 1-D mesh with axis `data`.
+
+  Returns:
+    (a `DLRMState` of shardings: tables and accumulators split on their
+    first axis, the MLP replicated; the batch's, split on its first axis).
+  """
   rows = NamedSharding(mesh, P(DATA))
   return DLRMState(rows, NamedSharding(mesh, P()), rows), rows
 
@@ -186,5 +225,12 @@ def make_hybrid_step(
 
 
 def make_eval(model: nn.Module) -> Callable[[DLRMState, jax.Array, jax.Array], jax.Array]:
-  """A jitted `(state, dense, ids) -> click probabilities`."""
+  """A jitted `(state, dense, ids) -> click probabilities`.
+
+  Args:
+    model: the dense part.
+
+  Returns:
+    The function, on one device.
+  """
   return jax.jit(lambda state, dense, ids: jax.nn.sigmoid(logits(model, state, dense, ids)))

@@ -38,7 +38,14 @@ import numpy as np
 
 
 class Straggle(NamedTuple):
-  """Worker `worker` computes `factor` times slower on 0-based steps start <= t < end."""
+  """Worker `worker` computes `factor` times slower on 0-based steps start <= t < end.
+
+  Attributes:
+    worker: the worker.
+    factor: the slowdown (>= 1).
+    start: the first step (0-based) is `start`.
+    end: the steps end before `end`.
+  """
 
   worker: int
   factor: float
@@ -47,7 +54,13 @@ class Straggle(NamedTuple):
 
 
 class Drop(NamedTuple):
-  """Worker `worker` takes no part in 0-based steps start <= t < end (end None: never returns)."""
+  """Worker `worker` takes no part in 0-based steps start <= t < end (end None: never returns).
+
+  Attributes:
+    worker: the worker.
+    start: the first step (0-based) is `start`.
+    end: the steps end before `end` (None: never returns).
+  """
 
   worker: int
   start: int
@@ -72,6 +85,16 @@ def _check_worker(where: str, item: str, worker: int, num_workers: int) -> None:
 
 def parse_straggles(text: str, num_workers: int) -> tuple[Straggle, ...]:
   """`config.fault.straggle`: comma-separated 'worker:factor@start-end'.
+
+  Args:
+    text: the setting ('' for none).
+    num_workers: K; each worker must be in [0, K).
+
+  Returns:
+    A tuple of `Straggle`s.
+
+  Raises:
+    ValueError: naming the item that is malformed or out of range.
 
   Example:
     >>> parse_straggles('3:4@100-200, 0:2@0-10', num_workers=8)[1]
@@ -102,6 +125,16 @@ def parse_straggles(text: str, num_workers: int) -> tuple[Straggle, ...]:
 def parse_drops(text: str, num_workers: int) -> tuple[Drop, ...]:
   """`config.fault.drop`: comma-separated 'worker@start' or 'worker@start-end'.
 
+  Args:
+    text: the setting ('' for none).
+    num_workers: K; each worker must be in [0, K).
+
+  Returns:
+    A tuple of `Drop`s.
+
+  Raises:
+    ValueError: naming a malformed item, or if the drops leave no worker.
+
   Example:
     >>> parse_drops('3@100-200,5@50', num_workers=8)
     (Drop(worker=3, start=100, end=200), Drop(worker=5, start=50, end=None))
@@ -129,6 +162,14 @@ def parse_drops(text: str, num_workers: int) -> tuple[Drop, ...]:
 
 def alive(drops: Sequence[Drop], num_workers: int, step: int) -> np.ndarray:
   """[K] bool: which workers take part in 0-based step `step`.
+
+  Args:
+    drops: the `Drop`s.
+    num_workers: K.
+    step: the 0-based step.
+
+  Returns:
+    bool [K].
 
   Example:
     >>> alive(parse_drops('1@2-4', 3), 3, 2)

@@ -34,8 +34,14 @@ Rows = tuple[np.ndarray, np.ndarray]  # a checkpoint's per-row arrays: tables an
 
 
 class Restore(NamedTuple):
-  """What a failure puts back: the step the run goes on from, the tables and their
-  accumulators, and the MLP (None: the run's own, as it is)."""
+  """What a failure puts back.
+
+  Attributes:
+    step: the step the run goes on from.
+    tables: the tables.
+    accum: their accumulators.
+    mlp: the MLP (None: the run's own, as it is).
+  """
 
   step: int
   tables: np.ndarray
@@ -86,7 +92,11 @@ class Recovery:
     self.full_saves = self.priority_saves = self.rows_written = 0
 
   def stepped(self, ids_BxT: np.ndarray) -> None:
-    """A training step ran on lookups `ids_BxT`: counted, and charged to the clock."""
+    """A training step ran on lookups `ids_BxT`: counted, and charged to the clock.
+
+    Args:
+      ids_BxT: [B, T] the step's row ids.
+    """
     t_count, n_rows = self.counts.shape
     flat = (np.arange(t_count)[None, :] * n_rows + ids_BxT).reshape(-1)
     self.counts += np.bincount(flat, minlength=t_count * n_rows).reshape(t_count, n_rows)
@@ -97,8 +107,15 @@ class Recovery:
     self.compute_s += self.costs.step_s
 
   def next_failure(self, step: int, steps: int) -> int | None:
-    """The worker of the next failure whose time the clock has passed, if any (none after the
-    last step)."""
+    """The worker of the next failure whose time the clock has passed, if any.
+
+    Args:
+      step: steps trained so far.
+      steps: the run's steps (no failure after the last).
+
+    Returns:
+      The failed worker, or None.
+    """
     times, i = self.trace.times_s, self.failures
     if i < len(times) and times[i] <= self.clock and step < steps:
       self.failures += 1
@@ -106,7 +123,17 @@ class Recovery:
     return None
 
   def fail(self, worker: int, step: int, rows: Rows) -> Restore:
-    """`worker` failed after `step` steps with the tables `rows`: what to restore."""
+    """`worker` failed after `step` steps with the tables `rows`: what to restore.
+
+    Args:
+      worker: the failed worker (its shard).
+      step: steps trained so far.
+      rows: the current tables and accumulators.
+
+    Returns:
+      The `Restore`: the last full checkpoint (full recovery), or the
+      worker's tables from their saved rows at the same step (partial).
+    """
     costs = self.costs
     if self.strategy.recovery == 'full':
       self.lost_s += (step - self.ckpt_step) * costs.step_s
@@ -126,8 +153,14 @@ class Recovery:
     return restore
 
   def checkpoint(self, step: int, steps: int, rows: Callable[[], Rows], mlp: Callable[[], Any]):
-    """The strategy's checkpoint after `step` steps, if one is due (`rows()` and `mlp()` read
-    the run's, only then)."""
+    """The strategy's checkpoint after `step` steps, if one is due.
+
+    Args:
+      step: steps trained so far.
+      steps: the run's steps (no checkpoint after the last).
+      rows: reads the current tables and accumulators (called only then).
+      mlp: reads the current MLP (called only then).
+    """
     strategy, t_count, n_rows = self.strategy, *self.counts.shape
     if strategy.recovery == 'none' or step == steps:
       return
@@ -154,7 +187,14 @@ class Recovery:
       self.clock += cost
 
   def summary(self, steps: int) -> dict[str, Any]:
-    """The run's measurements (`jaxdist.train.failures.train_with_failures` lists them)."""
+    """The run's measurements (`jaxdist.train.failures.train_with_failures` lists them).
+
+    Args:
+      steps: the run's steps.
+
+    Returns:
+      A dict of the measurements: counts, PLS, seconds and overheads.
+    """
     strategy, costs, workers = self.strategy, self.costs, self.workers
     failure_free_s = steps * costs.step_s
     interval_s = strategy.interval * costs.step_s

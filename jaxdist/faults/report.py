@@ -30,14 +30,28 @@ COLUMNS = (
 
 
 def label(summary: Mapping[str, Any]) -> str:
-  """'partial_mfu @ PLS 0.05' and the like."""
+  """'partial_mfu @ 0.05' and the like: the strategy, and the PLS target of a partial one.
+
+  Args:
+    summary: a run's summary.
+
+  Returns:
+    The label.
+  """
   if summary['recovery'] == 'partial':
     return f'{summary["strategy"]} @ {summary["pls_target"]:g}'
   return summary['strategy']
 
 
 def rows(summaries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-  """One table row per run (`COLUMNS` keys), overheads in % of the failure-free time."""
+  """One table row per run (`COLUMNS` keys), overheads in % of the failure-free time.
+
+  Args:
+    summaries: the runs' summaries.
+
+  Returns:
+    A list of dicts.
+  """
   out = []
   for s in summaries:
     every = str(s['interval_steps'])
@@ -65,7 +79,15 @@ def rows(summaries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plot(summaries: Sequence[Mapping[str, Any]], title: str = '') -> Figure:
-  """Left: test log-loss against PLS. Right: overhead per strategy (% of failure-free time)."""
+  """Left: test log-loss against PLS. Right: overhead per strategy (% of failure-free time).
+
+  Args:
+    summaries: the runs' summaries.
+    title: the figure's title ('' for none).
+
+  Returns:
+    The `Figure`.
+  """
   fig = Figure(figsize=(11, 4))
   ax_q, ax_o = fig.subplots(1, 2)
   plain = sorted(

@@ -20,7 +20,16 @@ SEQUENCE_MODELS = ('gpt',)  # take token windows (config.dataset.context > 0)
 
 
 def get(name: str, num_classes: int, **kwargs) -> nn.Module:
-  """The model called `name` with a `num_classes`-way output."""
+  """The model called `name` with a `num_classes`-way output.
+
+  Args:
+    name: a key of `MODELS`: 'mlp', 'cnn', 'resnet20' or 'gpt'.
+    num_classes: the output's width (for 'gpt', the vocabulary).
+    **kwargs: the model's other fields (e.g. `size` for 'gpt').
+
+  Returns:
+    The Flax module.
+  """
   if name not in MODELS:
     raise ValueError(f'unknown model {name!r}; choose one of {sorted(MODELS)}')
   return MODELS[name](num_classes=num_classes, **kwargs)

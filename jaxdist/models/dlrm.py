@@ -72,13 +72,31 @@ class DLRM(nn.Module):
 
 
 def init_tables(rng: jax.Array, num_tables: int, rows: int, dim: int) -> jax.Array:
-  """[T, R, D] tables, uniform in ±1/√R as DLRM initialises them."""
+  """[T, R, D] tables, uniform in ±1/√R as DLRM initialises them.
+
+  Args:
+    rng: the PRNG key.
+    num_tables: T.
+    rows: R, rows per table.
+    dim: D, the embeddings' width.
+
+  Returns:
+    float32 [T, R, D].
+  """
   bound = 1 / np.sqrt(rows)
   return jax.random.uniform(rng, (num_tables, rows, dim), jnp.float32, -bound, bound)
 
 
 def lookup(tables_TxRxD: jax.Array, ids_BxT: jax.Array) -> jax.Array:
-  """[B, T, D]: row ids[b, t] of table t, from the whole stack."""
+  """[B, T, D]: row ids[b, t] of table t, from the whole stack.
+
+  Args:
+    tables_TxRxD: the tables.
+    ids_BxT: the row ids, one per table per example.
+
+  Returns:
+    [B, T, D] embeddings.
+  """
   return tables_TxRxD[jnp.arange(tables_TxRxD.shape[0])[None, :], ids_BxT]
 
 

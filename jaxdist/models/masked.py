@@ -16,12 +16,27 @@ import optax
 
 
 def count_mask(count: jax.typing.ArrayLike, size: int) -> jax.Array:
-  """[size] bool: True for the first `count` positions (count is clipped to [0, size])."""
+  """[size] bool: True for the first `count` positions (count is clipped to [0, size]).
+
+  Args:
+    count: how many positions are real (may be traced).
+    size: the mask's length.
+
+  Returns:
+    bool [size].
+  """
   return jnp.arange(size) < count
 
 
 def masked_mean(values_B: jax.Array, count: jax.typing.ArrayLike) -> jax.Array:
   """Mean of the first `count` entries of `values_B` (0 when count is 0).
+
+  Args:
+    values_B: [B] per-example values (e.g. losses).
+    count: how many of them are real examples (may be traced).
+
+  Returns:
+    A scalar in `values_B`'s dtype.
 
   Example:
     >>> masked_mean(jnp.array([1.0, 3.0, 100.0]), 2)

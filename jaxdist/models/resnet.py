@@ -36,7 +36,14 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-  """CIFAR-style ResNet with 6n+2 layers."""
+  """CIFAR-style ResNet with 6n+2 layers.
+
+  Attributes:
+    num_classes: the output's width (logits).
+    blocks_per_stage: n, basic blocks per stage.
+    widths: channels of each stage; every stage after the first halves the
+      resolution.
+  """
 
   num_classes: int
   blocks_per_stage: int = 3
@@ -55,4 +62,12 @@ class ResNet(nn.Module):
 
 
 def resnet20(num_classes: int) -> ResNet:
+  """ResNet-20: three stages of three blocks, 16, 32 and 64 channels.
+
+  Args:
+    num_classes: the output's width.
+
+  Returns:
+    The `ResNet`.
+  """
   return ResNet(num_classes=num_classes, blocks_per_stage=3)

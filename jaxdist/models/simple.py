@@ -9,7 +9,12 @@ import jax
 
 
 class MLP(nn.Module):
-  """Fully connected ReLU network on flattened images."""
+  """Fully connected ReLU network on flattened images.
+
+  Attributes:
+    num_classes: the output's width (logits).
+    hidden: the hidden layers' widths.
+  """
 
   num_classes: int
   hidden: Sequence[int] = (256, 128)
@@ -24,7 +29,13 @@ class MLP(nn.Module):
 
 
 class CNN(nn.Module):
-  """Two 3x3 conv layers, 2x2 average pooling, two dense layers; no normalisation."""
+  """Two 3x3 conv layers, 2x2 average pooling, two dense layers; no normalisation.
+
+  Attributes:
+    num_classes: the output's width (logits).
+    features: the conv layers' channels.
+    hidden: the first dense layer's width.
+  """
 
   num_classes: int
   features: Sequence[int] = (32, 64)

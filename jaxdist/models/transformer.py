@@ -99,7 +99,16 @@ class GPT(nn.Module):
 
 
 def gpt(num_classes: int, size: str = 'tiny', **overrides) -> GPT:
-  """The GPT of a named size (`SIZES`), any of its fields overridden."""
+  """The GPT of a named size (`SIZES`), any of its fields overridden.
+
+  Args:
+    num_classes: the vocabulary size V.
+    size: 'tiny' or 'small'.
+    **overrides: `GPT` fields to set instead of the size's (e.g. `context`).
+
+  Returns:
+    The `GPT`.
+  """
   if size not in SIZES:
     raise ValueError(f'unknown GPT size {size!r}; choose one of {sorted(SIZES)}')
   return GPT(num_classes=num_classes, **(dataclasses.asdict(SIZES[size]) | overrides))

@@ -90,18 +90,45 @@ def _subjaxprs(eqn):
 
 
 def forward_order(fn: Callable[..., Any], params: Any, *args: Any) -> list[int]:
-  """Leaf indices of `params` in the order `fn(params, *args)` first uses them."""
+  """Leaf indices of `params` in the order `fn(params, *args)` first uses them.
+
+  Args:
+    fn: the forward pass, traced once (`jax.make_jaxpr`).
+    params: its parameters (leaves in `jax.tree.leaves` order).
+    *args: its other arguments (e.g. a batch of inputs).
+
+  Returns:
+    A permutation of the leaf indices; leaves never used come last.
+  """
   first, _ = _first_uses(fn, params, *args)
   return sorted(range(len(first)), key=lambda i: (first[i] is None, first[i] or 0, i))
 
 
 def layer_flops(fn: Callable[..., Any], params: Any, *args: Any) -> list[float]:
-  """Forward FLOPs of the operations each leaf of `params` enters (matmuls, convs, adds)."""
+  """Forward FLOPs of the operations each leaf of `params` enters (matmuls, convs, adds).
+
+  Args:
+    fn: the forward pass, traced once.
+    params: its parameters.
+    *args: its other arguments.
+
+  Returns:
+    FLOPs per leaf, in leaf order (an element-wise operation counts one per
+    output element).
+  """
   return _first_uses(fn, params, *args)[1]
 
 
 def backward_times(flops: Sequence[float], total_s: float) -> list[float]:
-  """A measured backward time split over layers in proportion to their FLOPs."""
+  """A measured backward time split over layers in proportion to their FLOPs.
+
+  Args:
+    flops: per layer, e.g. `layer_flops`.
+    total_s: the measured backward seconds.
+
+  Returns:
+    Seconds per layer, in the same order.
+  """
   total = sum(flops) or 1.0
   return [total_s * f / total for f in flops]
 
@@ -117,7 +144,16 @@ def _check_sizes(nbytes, order):
 def threshold_buckets(
   nbytes: Sequence[int], bucket_bytes: int, order: Sequence[int] | None = None
 ) -> Buckets:
-  """Fixed-size buckets in backward order: a bucket closes once it holds `bucket_bytes`."""
+  """Fixed-size buckets in backward order: a bucket closes once it holds `bucket_bytes`.
+
+  Args:
+    nbytes: bytes of each layer (leaf).
+    bucket_bytes: the size at which a bucket closes (> 0).
+    order: the forward order of the layers (None: leaf order).
+
+  Returns:
+    The buckets, lists of leaf indices, in the order backprop fills them.
+  """
   if bucket_bytes <= 0:
     raise ValueError(f'bucket_bytes must be > 0, got {bucket_bytes}')
   order = list(order) if order is not None else list(range(len(nbytes)))
@@ -156,6 +192,16 @@ def mgwfbp_buckets(
   layer before it in backprop (l − 1 in forward order) when l's all-reduce
   would not have started by the time l − 1's gradient is ready, or when the
   link would be idle for less than α between them.
+
+  Args:
+    nbytes: bytes of each layer (leaf).
+    backward_s: backward seconds of each layer (`backward_times`).
+    alpha: α of one all-reduce, seconds.
+    beta: β of one all-reduce, seconds per byte.
+    order: the forward order of the layers (None: leaf order).
+
+  Returns:
+    The buckets, lists of leaf indices, in backward order.
   """
   order = list(order) if order is not None else list(range(len(nbytes)))
   _check_sizes(nbytes, order)
@@ -179,7 +225,14 @@ def mgwfbp_buckets(
 
 
 def per_layer_buckets(order: Sequence[int]) -> Buckets:
-  """WFBP without merging: every layer its own all-reduce, in backward order."""
+  """WFBP without merging: every layer its own all-reduce, in backward order.
+
+  Args:
+    order: the forward order of the layers.
+
+  Returns:
+    One bucket per layer.
+  """
   return [[leaf] for leaf in reversed(list(order))]
 
 
@@ -198,6 +251,18 @@ def timeline(
   ready and the link is free; without, all of them run after backprop.
   (α, β here are the per-message cost of one all-reduce, e.g. a ring's
   2(N−1)α and 2(N−1)/N·β.)
+
+  Args:
+    buckets: the plan, as the functions above give it.
+    nbytes: bytes of each layer.
+    backward_s: backward seconds of each layer.
+    alpha: α of one all-reduce.
+    beta: β of one all-reduce.
+    order: the forward order of the layers (None: leaf order).
+    overlap: start each all-reduce during backprop.
+
+  Returns:
+    Seconds, at least the backward pass's.
   """
   order = list(order) if order is not None else list(range(len(nbytes)))
   ready = _ready_times(backward_s, order)

@@ -147,7 +147,15 @@ class Cluster:
 
   @classmethod
   def uniform(cls, num_workers: int, **kwargs) -> Cluster:
-    """`num_workers` workers of speed 1 (today's homogeneous clock)."""
+    """`num_workers` workers of speed 1 (today's homogeneous clock).
+
+    Args:
+      num_workers: K (>= 1).
+      **kwargs: the other `Cluster` fields.
+
+    Returns:
+      The `Cluster`.
+    """
     if num_workers < 1:
       raise ValueError(f'num_workers must be >= 1, got {num_workers}')
     return cls(speeds=(1.0,) * num_workers, **kwargs)
@@ -166,6 +174,9 @@ class Cluster:
         compares with the homogeneous cluster of the same total (the papers'
         39 cores = 3 × 13).
       **kwargs: the other `Cluster` fields.
+
+    Returns:
+      The `Cluster`.
 
     Example:
       >>> Cluster.from_cores('h10').speeds
@@ -193,7 +204,11 @@ class Cluster:
     return max(self.speeds) / min(self.speeds)
 
   def check_workers(self, num_workers: int) -> None:
-    """Raises ValueError unless the cluster describes exactly `num_workers` workers."""
+    """Raises ValueError unless the cluster describes exactly `num_workers` workers.
+
+    Args:
+      num_workers: the run's K.
+    """
     if num_workers != self.num_workers:
       raise ValueError(
         f'the cluster describes {self.num_workers} workers (speeds={self.speeds}), '
@@ -201,7 +216,14 @@ class Cluster:
       )
 
   def speeds_at(self, step: int) -> np.ndarray:
-    """[K] speeds in force at `step` (0-based): `speeds`, times the phase's factors."""
+    """[K] speeds in force at `step` (0-based): `speeds`, times the phase's factors.
+
+    Args:
+      step: the 0-based step.
+
+    Returns:
+      float [K].
+    """
     speeds = np.asarray(self.speeds)
     if not self.phases:
       return speeds
@@ -213,7 +235,14 @@ class Cluster:
     raise AssertionError
 
   def stragglers(self, step: int) -> np.ndarray:
-    """[K] bool: which workers straggle at `step` (seeded by (seed, step) only)."""
+    """[K] bool: which workers straggle at `step` (seeded by (seed, step) only).
+
+    Args:
+      step: the 0-based step.
+
+    Returns:
+      bool [K].
+    """
     if self.straggler_p == 0.0:
       return np.zeros(self.num_workers, bool)
     u = np.random.default_rng([self.seed, step]).random(self.num_workers)
@@ -229,6 +258,9 @@ class Cluster:
         injected straggles.
       batches: each worker's batch (examples), or one batch for all.
       per_example_s: measured seconds per example of a speed-1 worker.
+
+    Returns:
+      float [K].
     """
     b = np.broadcast_to(np.asarray(batches, float), (self.num_workers,))
     slow = np.where(self.stragglers(step), self.straggler_slowdown, 1.0)
@@ -238,7 +270,14 @@ class Cluster:
     return b / self.speeds_at(step) * per_example_s * slow
 
   def cost(self, seconds: float) -> float:
-    """Price of renting every worker for `seconds`: K × hours × price."""
+    """Price of renting every worker for `seconds`: K × hours × price.
+
+    Args:
+      seconds: how long.
+
+    Returns:
+      The price, in `price`'s currency.
+    """
     return self.num_workers * seconds / 3600.0 * self.price
 
 
@@ -368,6 +407,9 @@ class WorkerClock:
         default: comm_s > 0.
       data_wait_s: how long each worker (or every worker) waits for its
         data before it computes (streamed data, `jd.control.streams`).
+
+    Returns:
+      float [K], each worker's compute seconds this step.
     """
     compute = self.cluster.compute_seconds(self.step, batches, self.per_example_s)
     own = np.array([step_time(c, comm_s, overlap_s) for c in compute])  # s[t, k]

@@ -31,7 +31,16 @@ from jaxdist.netmodel.model import Network, comm_time, transfer_time
 
 
 def rail_network(inter: Network, local: int, shared_nic: bool = True) -> Network:
-  """The link one rail's collective sees: `inter` with 1/local of its bandwidth if shared."""
+  """The link one rail's collective sees: `inter` with 1/local of its bandwidth if shared.
+
+  Args:
+    inter: the inter-node network.
+    local: m, workers (rails) per node.
+    shared_nic: whether the m rails share the node's NIC.
+
+  Returns:
+    The rail's `Network`.
+  """
   if local < 1:
     raise ValueError(f'local must be >= 1, got {local}')
   if not shared_nic or local == 1:
@@ -74,11 +83,26 @@ class Hierarchy:
     return self.nodes * self.local
 
   def group(self, t: comm.Transfer) -> int:
-    """Workers one run of `t` spans: all n·m (link None), the m of a node, the n of a rail."""
+    """Workers one run of `t` spans: all n·m (link None), the m of a node, the n of a rail.
+
+    Args:
+      t: the transfer (its `link`).
+
+    Returns:
+      The group's size.
+    """
     return {None: self.workers, 'intra': self.local, 'inter': self.nodes}[_link(t)]
 
   def network(self, t: comm.Transfer, net: Network) -> Network:
-    """The link `t` runs over when `net` is the run's (inter-node) network."""
+    """The link `t` runs over when `net` is the run's (inter-node) network.
+
+    Args:
+      t: the transfer (its `link`).
+      net: the run's network.
+
+    Returns:
+      `intra`, the rail's network, or `net`.
+    """
     link = _link(t)
     if link == 'intra':
       return self.intra
@@ -110,6 +134,17 @@ def link_time(
   `hierarchy.intra`; 'inter', N = n on the rail, `net` at bandwidth/m when
   the rails share the NIC. c is each transfer's count (or `counts`);
   `overlap` selects as in `model.comm_time`.
+
+  Args:
+    transfers: the step's `Transfer`s.
+    hierarchy: nodes, workers per node and the intra-node link.
+    net: the run's (inter-node) network.
+    algorithm: the all-reduce's, as `model.allreduce`.
+    counts: how many times each ran (None: their own counts).
+    overlap: as in `model.comm_time`.
+
+  Returns:
+    Seconds.
 
   Example:
     >>> from jaxdist import comm, netmodel
@@ -199,6 +234,17 @@ def flat_time(
   (a ring laid out node by node crosses each NIC once per step, so the
   intra-node hops wait on the inter-node one). For n >= 2; one node has no
   inter-node hop (price it with `model.comm_time` on the intra network).
+
+  Args:
+    transfers: the collective's `Transfer`s.
+    nodes: n (>= 2).
+    local: m, workers per node.
+    inter_net: the inter-node network.
+    algorithm: the all-reduce's, as `model.allreduce`.
+    counts: how many times each ran (None: their own counts).
+
+  Returns:
+    Seconds.
 
   Example:
     >>> from jaxdist import comm, netmodel

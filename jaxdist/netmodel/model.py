@@ -34,7 +34,13 @@ ALGORITHMS = ('ring', 'tree', 'ps')
 
 @dataclasses.dataclass(frozen=True)
 class Network:
-  """A link: `latency` α in seconds, `bandwidth` in bytes per second."""
+  """A link: `latency` α in seconds, `bandwidth` in bytes per second.
+
+  Attributes:
+    latency: α, seconds per message (>= 0).
+    bandwidth: bytes per second (> 0); β = 1 / bandwidth.
+    name: what `str` shows ('' for '<Gbit/s>gbps@<α>us').
+  """
 
   latency: float
   bandwidth: float
@@ -56,6 +62,16 @@ class Network:
 
 
 def gbps(gbit_per_s: float, latency_s: float, name: str = '') -> Network:
+  """A `Network` of `gbit_per_s` Gbit/s.
+
+  Args:
+    gbit_per_s: the bandwidth in Gbit/s (10^9 bits).
+    latency_s: α, in seconds.
+    name: the network's name.
+
+  Returns:
+    The `Network`, its bandwidth in bytes per second.
+  """
   return Network(latency=latency_s, bandwidth=gbit_per_s * 1e9 / 8, name=name)
 
 
@@ -76,6 +92,16 @@ def profile(name: str) -> Network:
   """A named profile ('1gbps', '10gbps', '100gbps') or a spec like '20gbps@4ms'.
 
   A spec without a latency ('40gbps') gets `DEFAULT_LATENCY`.
+
+  Args:
+    name: the profile or spec (latency in s, ms or us; case and spaces
+      ignored).
+
+  Returns:
+    The `Network`.
+
+  Raises:
+    ValueError: if `name` is neither.
   """
   key = name.replace(' ', '').lower()
   if key in PROFILES:
@@ -105,6 +131,14 @@ class Schedule:
       raise ValueError('a schedule needs phases of at least one step each')
 
   def at(self, step: int) -> Network:
+    """The network in force at `step`.
+
+    Args:
+      step: the 0-based step; the phases repeat.
+
+    Returns:
+      The phase's `Network`.
+    """
     t = step % sum(s for s, _ in self.phases)
     for steps, net in self.phases:
       if t < steps:
@@ -114,7 +148,15 @@ class Schedule:
 
 
 def network_at(net: Network | Schedule, step: int) -> Network:
-  """The network in force at `step` (a fixed one, or a schedule's phase)."""
+  """The network in force at `step` (a fixed one, or a schedule's phase).
+
+  Args:
+    net: a `Network` or a `Schedule`.
+    step: the 0-based step.
+
+  Returns:
+    The `Network`.
+  """
   return net.at(step) if isinstance(net, Schedule) else net
 
 
@@ -122,7 +164,14 @@ _SCHEDULE = re.compile(r'^adopt_c1@(?P<steps>\d+)$')
 
 
 def resolve(name: str) -> Network | Schedule:
-  """A profile or spec (see `profile`), or 'adopt_c1@<steps per phase>'."""
+  """A profile or spec (see `profile`), or 'adopt_c1@<steps per phase>'.
+
+  Args:
+    name: the profile, spec or schedule.
+
+  Returns:
+    A `Network`, or the `Schedule` of 'adopt_c1@...'.
+  """
   m = _SCHEDULE.match(name.replace(' ', '').lower())
   if m:
     steps = int(m['steps'])
@@ -137,6 +186,12 @@ def adopt_c1(steps_per_phase: int) -> Schedule:
 
   (α ms, Gbit/s) steps from (1, 25) to (32, 1) and back, `steps_per_phase`
   each; both ends are held for two phases, as in their schedule.
+
+  Args:
+    steps_per_phase: steps each network holds (>= 1).
+
+  Returns:
+    The `Schedule` of 12 phases.
   """
   up = [(1, 25), (2, 20), (4, 15), (8, 10), (16, 5), (32, 1)]
   cycle = up + up[::-1]
@@ -153,6 +208,17 @@ def _log2(n: int) -> float:
 
 
 def allreduce(nbytes: float, n: int, net: Network, algorithm: str = 'ring') -> float:
+  """Seconds an all-reduce of M bytes takes (the module docstring's table).
+
+  Args:
+    nbytes: M, each worker's payload.
+    n: N, the workers.
+    net: the link.
+    algorithm: 'ring', 'tree' or 'ps' (parameter server).
+
+  Returns:
+    Seconds (0 for one worker).
+  """
   if n <= 1:
     return 0.0
   a, b = net.latency, net.beta
@@ -166,28 +232,87 @@ def allreduce(nbytes: float, n: int, net: Network, algorithm: str = 'ring') -> f
 
 
 def broadcast(nbytes: float, n: int, net: Network) -> float:
+  """Seconds a tree broadcast of M bytes takes: α·log N + log N·Mβ.
+
+  Args:
+    nbytes: M.
+    n: N, the workers.
+    net: the link.
+
+  Returns:
+    Seconds (0 for one worker).
+  """
   return 0.0 if n <= 1 else net.latency * _log2(n) + _log2(n) * nbytes * net.beta
 
 
 def allgather(nbytes: float, n: int, net: Network) -> float:
+  """Seconds an all-gather takes: α·log N + (N − 1)Mβ.
+
+  Args:
+    nbytes: M, each worker's part.
+    n: N, the workers.
+    net: the link.
+
+  Returns:
+    Seconds (0 for one worker).
+  """
   return 0.0 if n <= 1 else net.latency * _log2(n) + (n - 1) * nbytes * net.beta
 
 
 def permute(nbytes: float, net: Network, n: int = 2) -> float:
+  """Seconds one neighbour exchange of M bytes takes: α + Mβ.
+
+  Args:
+    nbytes: M.
+    net: the link.
+    n: N, the workers (one: nothing to exchange).
+
+  Returns:
+    Seconds (0 for one worker).
+  """
   return 0.0 if n <= 1 else net.latency + nbytes * net.beta
 
 
 def gossip(nbytes: float, degree: int, net: Network) -> float:
-  """One decentralised averaging round: exchange M bytes with each of `degree` neighbours."""
+  """One decentralised averaging round: exchange M bytes with each of `degree` neighbours.
+
+  Args:
+    nbytes: M.
+    degree: d, the neighbours.
+    net: the link.
+
+  Returns:
+    Seconds, d(α + Mβ).
+  """
   return degree * permute(nbytes, net)
 
 
 def alltoall(nbytes: float, n: int, net: Network) -> float:
+  """Seconds an all-to-all takes: (N − 1)α + (N − 1)/N·Mβ.
+
+  Args:
+    nbytes: M, each worker's payload.
+    n: N, the workers.
+    net: the link.
+
+  Returns:
+    Seconds (0 for one worker).
+  """
   return 0.0 if n <= 1 else (n - 1) * net.latency + (n - 1) / n * nbytes * net.beta
 
 
 def artopk(value_bytes: float, n: int, net: Network, algorithm: str = 'ring') -> float:
-  """AR-Top-k: broadcast of the leader's k indices + all-reduce of k values."""
+  """AR-Top-k: broadcast of the leader's k indices + all-reduce of k values.
+
+  Args:
+    value_bytes: the k values' bytes (the indices' are taken as the same).
+    n: N, the workers.
+    net: the link.
+    algorithm: the all-reduce's, as `allreduce`.
+
+  Returns:
+    Seconds.
+  """
   return broadcast(value_bytes, n, net) + allreduce(value_bytes, n, net, algorithm)
 
 
@@ -198,6 +323,13 @@ def sent_bytes(t: comm.Transfer, num_workers: int) -> float:
   it, all-to-all (N-1)/N of it, a permute all of it, a pipelined broadcast
   (N-1)/N of it (each byte once). Other algorithms (tree, parameter server)
   are priced by `transfer_time`.
+
+  Args:
+    t: the transfer (its kind, payload and `op`).
+    num_workers: N.
+
+  Returns:
+    Bytes, for one run (0 for one worker).
 
   Example:
     >>> from jaxdist import comm, netmodel
@@ -219,7 +351,20 @@ def sent_bytes(t: comm.Transfer, num_workers: int) -> float:
 
 
 def transfer_time(t: comm.Transfer, n: int, net: Network, algorithm: str = 'ring') -> float:
-  """Seconds one run of `t` takes among n workers."""
+  """Seconds one run of `t` takes among n workers.
+
+  Args:
+    t: the transfer (a broadcast `op` prices as `broadcast`).
+    n: N, the workers.
+    net: the link.
+    algorithm: the all-reduce's, as `allreduce`.
+
+  Returns:
+    Seconds.
+
+  Raises:
+    ValueError: for a kind with no cost model.
+  """
   if t.op == 'broadcast':
     return broadcast(t.nbytes, n, net)
   if t.kind == comm.ALL_REDUCE:
@@ -243,8 +388,17 @@ def comm_time(
 ) -> float:
   """Seconds the `transfers` of one step take, each times its count.
 
-  `overlap` selects: True only transfers that overlap the next step's
-  compute, False only those the step waits for, None all.
+  Args:
+    transfers: the step's `Transfer`s.
+    n: N, the workers.
+    net: the link.
+    algorithm: the all-reduce's, as `allreduce`.
+    counts: how many times each ran (None: their own counts).
+    overlap: True only transfers that overlap the next step's compute,
+      False only those the step waits for, None all.
+
+  Returns:
+    Seconds, Σ count × `transfer_time`.
   """
   counts = [int(t.count) for t in transfers] if counts is None else counts
   return sum(
@@ -255,5 +409,14 @@ def comm_time(
 
 
 def step_time(compute_s: float, blocking_s: float, overlapped_s: float) -> float:
-  """A step's modelled time: compute, what it waits for, and what compute cannot hide."""
+  """A step's modelled time: compute, what it waits for, and what compute cannot hide.
+
+  Args:
+    compute_s: the step's compute seconds.
+    blocking_s: communication seconds it waits for.
+    overlapped_s: communication seconds that run behind the next compute.
+
+  Returns:
+    compute_s + blocking_s + max(0, overlapped_s − compute_s).
+  """
   return compute_s + blocking_s + max(0.0, overlapped_s - compute_s)

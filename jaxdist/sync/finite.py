@@ -42,7 +42,14 @@ class SkipNonfiniteState(NamedTuple):
 
 
 def all_finite(tree: Any) -> jax.Array:
-  """Whether every element of every leaf of `tree` is finite (a scalar bool)."""
+  """Whether every element of every leaf of `tree` is finite.
+
+  Args:
+    tree: a pytree of arrays (gradients, updates, parameters).
+
+  Returns:
+    A scalar bool array: True when no leaf holds a NaN or an infinity.
+  """
   return jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)], bool))
 
 

@@ -81,6 +81,21 @@ def _offsets(topology: str, n: int) -> list[int]:
 def mixing_matrix(topology: str, n: int, rows: int | None = None, *, step: int = 0) -> np.ndarray:
   """W [n, n]: worker i's new model is Σ_j W[i, j] x_j (at `step`, for 'one_peer_exponential').
 
+  Args:
+    topology: one of `TOPOLOGIES`: 'ring', 'torus', 'exponential',
+      'one_peer_exponential' or 'complete'.
+    n: the number of workers.
+    rows: the torus's rows (None: ⌊√n⌋); only 'torus' reads it.
+    step: the step whose single peer 'one_peer_exponential' averages with
+      (the offsets 1, 2, 4, ... in turn); the other topologies ignore it.
+
+  Returns:
+    A float64 numpy array [n, n], each row summing to 1: a worker averages
+    itself and its neighbours with equal weights.
+
+  Raises:
+    ValueError: if `topology` is unknown or cannot connect `n` workers.
+
   Example:
     >>> from jaxdist import sync
     >>> sync.mixing_matrix('exponential', 6)[0]  # from 0 - 1, 0 - 2, 0 - 4: 1/(⌈log2 6⌉ + 1)

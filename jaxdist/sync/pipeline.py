@@ -255,6 +255,15 @@ def stage_delays(params: Any, stages: int | None = None) -> Any:
   a model's own order where names sort the same way); a layer k of L waits
   2(L − 1 − k) steps in a fill-drain-free pipeline (forward and backward
   each pass the later stages), the last layer none.
+
+  Args:
+    params: the model's parameters, a dict of top-level layers.
+    stages: L, the number of stages (None: one per top-level layer); layers
+      from the L-th on wait none.
+
+  Returns:
+    A pytree of ints shaped like `params`: each leaf its layer's delay in
+    steps, as `gradient_delay(delay=...)` and the others here take it.
   """
   names = list(params)
   order = sorted(names, key=_layer_key)

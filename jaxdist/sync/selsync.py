@@ -77,7 +77,21 @@ def _flag(state: SelSyncState, norm: jax.Array, threshold: float, window: int, a
 
 
 def gradient_norm(grads: Any, kind: str = 'layer_sum', squared: bool = False) -> jax.Array:
-  """SelSync's gradient norm: sum of per-tensor L2 norms ('layer_sum', as its code) or global."""
+  """SelSync's gradient norm: sum of per-tensor L2 norms ('layer_sum', as its code) or global.
+
+  Args:
+    grads: a pytree of gradients (computed in float32).
+    kind: 'layer_sum', Σ_l ‖g_l‖ over the leaves, or 'global', ‖g‖ of all
+      of them together.
+    squared: give the squares instead: Σ_l ‖g_l‖² for 'layer_sum' (the same
+      as the global norm squared) and ‖g‖² for 'global'.
+
+  Returns:
+    A scalar float32 array.
+
+  Raises:
+    ValueError: if `kind` is neither.
+  """
   leaves = [g.astype(jnp.float32) for g in jax.tree.leaves(grads)]
   if kind == 'layer_sum':
     norms = [jnp.sum(g * g) if squared else jnp.linalg.norm(g.reshape(-1)) for g in leaves]

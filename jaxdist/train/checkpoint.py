@@ -35,7 +35,14 @@ class Checkpointer:
   def save(
     self, step: int, state: Any, meta: dict[str, Any], control: dict[str, Any] | None = None
   ) -> None:
-    """Starts writing checkpoint `step`; device buffers are copied before it returns."""
+    """Starts writing checkpoint `step`; device buffers are copied before it returns.
+
+    Args:
+      step: the checkpoint's step.
+      state: the train state (a pytree of arrays).
+      meta: JSON metadata (the config, the data position, ...).
+      control: the host controllers' states, as JSON ({} if None).
+    """
     self.saved_step = step
     self._manager.save(
       step,

@@ -104,17 +104,28 @@ class Column(NamedTuple):
 
   @property
   def entry(self) -> str:
+    """The column's entry in this module's list: `name`, else `heading`."""
     return self.name or self.heading
 
 
 def meanings() -> dict[str, str]:
-  """Every column's meaning by its name, from this module's docstring."""
+  """Every column's meaning by its name, from this module's docstring.
+
+  Returns:
+    A dict from name to meaning ({} with docstrings stripped).
+  """
   items = re.findall(r'^- `([^`]+)`: (.*?)(?=^- `|^\S|\Z)', __doc__ or '', re.M | re.S)
   return {name: ' '.join(text.split()) for name, text in items}
 
 
 def legend(columns: Iterable[Column]) -> str:
   """The meaning of each of `columns`, one line each (one per name, in their order).
+
+  Args:
+    columns: the table's columns.
+
+  Returns:
+    The legend, wrapped and indented ('' with docstrings stripped).
 
   Raises:
     KeyError: a column whose name this module does not explain.
@@ -133,5 +144,9 @@ def legend(columns: Iterable[Column]) -> str:
 
 
 def help_text() -> str:
-  """Every column and its meaning: what the binaries' `--help` ends with."""
+  """Every column and its meaning: what the binaries' `--help` ends with.
+
+  Returns:
+    The text.
+  """
   return 'Columns of the tables:\n\n' + legend(Column('', n) for n in meanings())

@@ -47,6 +47,15 @@ def load_group(path: str) -> Group:
 
   Where no file of that path exists, a variants file that comes with jaxdist by
   that name: `load_group('variants/default.py')` (`config.config_path`).
+
+  Args:
+    path: the variants file.
+
+  Returns:
+    Its `Group`.
+
+  Raises:
+    ConfigError: if there is no such file, or it has no `VARIANTS` dict.
   """
   path = config_lib.find(path)
   if not os.path.isfile(path):
@@ -64,13 +73,30 @@ def load_group(path: str) -> Group:
 
 
 def load_groups(folder: str) -> dict[str, Group]:
-  """Every variants file in `folder`, by its name less `.py`, in name order."""
+  """Every variants file in `folder`, by its name less `.py`, in name order.
+
+  Args:
+    folder: a directory of variants files (those starting with '_' are not).
+
+  Returns:
+    The `Group`s by name.
+  """
   files = sorted(f for f in os.listdir(folder) if f.endswith('.py') and not f.startswith('_'))
   return {f.removesuffix('.py'): load_group(os.path.join(folder, f)) for f in files}
 
 
 def known_variants(groups: Iterable[Group]) -> dict[str, Overrides]:
-  """Every variant of `groups` by name: a name means one thing, in whichever file it is."""
+  """Every variant of `groups` by name: a name means one thing, in whichever file it is.
+
+  Args:
+    groups: the variants files.
+
+  Returns:
+    The overrides by variant name.
+
+  Raises:
+    ConfigError: if two files give one name different overrides.
+  """
   out, where = {}, {}
   for group in groups:
     for name, overrides in group.variants.items():
@@ -97,6 +123,16 @@ def choose(
   (those the command line set: they win). The variants, in order, are `only`
   (by name: the file's, or else any of the variants files in `folder`) or
   the file's own. Every name is checked before anything trains.
+
+  Args:
+    base: the config (not changed).
+    path: the variants file.
+    only: the variants to train, by name (None or empty: the file's).
+    folder: the variants files whose variants `only` may name too.
+    keep: dotted keys the file's settings must not change.
+
+  Returns:
+    (the config with the settings, the variants' overrides by name).
   """
   group = load_group(path)
   known = {**known_variants(load_groups(folder).values()), **group.variants}
@@ -111,7 +147,16 @@ def choose(
 def variant_config(
   base: ml_collections.ConfigDict, variants: Mapping[str, Overrides], name: str
 ) -> ml_collections.ConfigDict:
-  """`base` with the overrides of variant `name` (one of `variants`) applied."""
+  """`base` with the overrides of variant `name` (one of `variants`) applied.
+
+  Args:
+    base: the config (not changed).
+    variants: overrides by variant name.
+    name: the variant.
+
+  Returns:
+    A new config.
+  """
   config = ml_collections.ConfigDict(base.to_dict())
   _update(config, _lookup(variants, name), name)
   return config
@@ -166,6 +211,17 @@ def run(
   date that produced it), `compare.json` and `compare.png` into `workdir`,
   and the markdown and the plot also to `results` and its `.png` if given
   (the docs' tables are copies of such files: `experiments/docs_tables.py`).
+
+  Args:
+    base: the config every variant overrides.
+    workdir: the comparison's directory.
+    variants: overrides by variant name, in the tables' order.
+    results: a markdown file to write the tables to as well (None: none).
+    command: the command line, for the tables' provenance.
+    fresh: start every variant anew.
+
+  Returns:
+    The tables' rows (`table_rows`).
   """
   if not variants:
     raise factory.ConfigError('no variants to compare')
@@ -237,7 +293,14 @@ PEAK = Column('peak_sent', 'peak sent B/worker/step')
 
 
 def target_metric(summary: Mapping[str, Any]) -> str:
-  """What a comparison's target is: a language model's validation loss, else test accuracy."""
+  """What a comparison's target is: a language model's validation loss, else test accuracy.
+
+  Args:
+    summary: a run's summary.
+
+  Returns:
+    'test_loss' or 'test_accuracy'.
+  """
   return 'test_loss' if summary.get('test_bits') is not None else 'test_accuracy'
 
 
@@ -249,6 +312,15 @@ def table_columns(
   The times to the target are on each network; a heterogeneous cluster's run
   also has its modelled seconds and cost on each. Optional columns appear when
   a row has them.
+
+  Args:
+    rows: the rows.
+    networks: the profile names.
+    steps: the runs' steps (a heading says it).
+    heterogeneous: the runs had a cluster model.
+
+  Returns:
+    (the per-run table's columns, the per-step table's).
   """
   target, loss = f'{rows[0]["target"]:.4f}', rows[0].get('metric') == 'test_loss'
   per_run = (LOSS_RUN_COLUMNS if loss else RUN_COLUMNS) + tuple(
@@ -266,16 +338,31 @@ def table_columns(
 
 
 class Run(NamedTuple):
-  """One variant's outcome: its summary, per-step records and clock factory."""
+  """One variant's outcome: its summary, per-step records and clock factory.
+
+  Attributes:
+    summary: the run's summary.
+    records: its per-step records.
+    clock: `compute_s -> netmodel.WorkerClock | None` (`factory.Experiment.clock`).
+  """
 
   summary: dict[str, Any]
   records: list[dict[str, Any]]
-  clock: Any  # compute_s -> netmodel.WorkerClock | None (factory.Experiment.clock)
+  clock: Any
 
 
 def table_rows(runs: dict[str, Run], networks: Sequence[str]) -> list[dict[str, Any]]:
-  """One row per variant; the first variant's final accuracy (a language model's validation
-  loss, `target_metric`) is everyone's target."""
+  """One row per variant; the first variant's final accuracy is everyone's target.
+
+  A language model's target is its validation loss (`target_metric`).
+
+  Args:
+    runs: the variants' runs, by name, the first setting the target.
+    networks: the profile names of the times to the target.
+
+  Returns:
+    The rows, in `runs`' order.
+  """
   first = next(iter(runs.values())).summary
   metric = target_metric(first)
   target = first[metric]
@@ -317,7 +404,14 @@ def _loss_fields(summary: Mapping[str, Any], target: float, metric: str) -> dict
 
 
 def plot_title(runs: Mapping[str, Run]) -> str:
-  """The comparison plot's title: the model, the data and the workers of `runs`."""
+  """The comparison plot's title: the model, the data and the workers of `runs`.
+
+  Args:
+    runs: the variants' runs.
+
+  Returns:
+    e.g. 'cnn on digits, 8 workers' (differing values joined by '/').
+  """
   summaries = [run.summary for run in runs.values()]
   values = lambda key: '/'.join(dict.fromkeys(str(s[key]) for s in summaries))
   return f'{values("model")} on {values("dataset")}, {values("workers")} workers'
@@ -329,6 +423,14 @@ def accuracy_range(finals: Sequence[float], target: float, best: float) -> tuple
   The span is the distance from the lowest of `finals` and `target` to the
   highest of `best` and `target` (at least 0.02); below goes one span under
   the lowest (not under 0), above a tenth of a span over the highest.
+
+  Args:
+    finals: the runs' final accuracies.
+    target: the target accuracy.
+    best: the best accuracy any evaluation reached.
+
+  Returns:
+    (bottom, top).
   """
   low, high = min(*finals, target), max(best, target)
   span = max(high - low, 0.02)
@@ -341,6 +443,14 @@ def plot(runs: Mapping[str, Run], networks: Sequence[str], title: str = '') -> F
   The target is the first variant's final accuracy, as in the tables; the
   accuracy axis starts below the lowest final accuracy (`accuracy_range`).
   A language model's panels show its validation loss instead (`target_metric`).
+
+  Args:
+    runs: the variants' runs, by name.
+    networks: one panel per profile name.
+    title: the figure's title.
+
+  Returns:
+    The `Figure`.
   """
   metric = target_metric(next(iter(runs.values())).summary)
   target = next(iter(runs.values())).summary[metric]

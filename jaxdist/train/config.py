@@ -46,7 +46,17 @@ def _int() -> config_dict.FieldReference:
 
 
 def optimizer(name: str = 'sgd', learning_rate: float = 0.1, **kw: Any) -> dict[str, Any]:
-  """An optimizer section: what `factory.build_optimizer` reads."""
+  """An optimizer section: what `factory.build_optimizer` reads.
+
+  Args:
+    name: 'sgd', 'adam' or 'adamw'.
+    learning_rate: the peak learning rate.
+    **kw: momentum, nesterov, weight_decay, schedule ('constant' or 'cosine',
+      with a linear warm-up), warmup_steps, and any other key of the section.
+
+  Returns:
+    The section as a dict.
+  """
   return dict(
     name=name,  # sgd | adam | adamw
     learning_rate=learning_rate,
@@ -117,7 +127,11 @@ def _diloco_family(s: ml_collections.ConfigDict) -> None:
 
 
 def sync() -> ml_collections.ConfigDict:
-  """`config.sync`: the method, and one section of factory arguments per method."""
+  """`config.sync`: the method, and one section of factory arguments per method.
+
+  Returns:
+    The section, with its defaults.
+  """
   s = ml_collections.ConfigDict()
   s.method = 'allreduce'  # a row of jaxdist.train.methods: the jaxdist.sync factory of that name
   # Gradient averaging (the local optimizer follows).
@@ -196,6 +210,9 @@ def compress() -> ml_collections.ConfigDict:
 
   Sparsifiers take exactly one of `ratio` and `k`: to give k, also set ratio
   to None (in a config file or in Python; a flag cannot set None).
+
+  Returns:
+    The section, with its defaults.
   """
   c = ml_collections.ConfigDict()
   c.name = 'topk'
@@ -225,6 +242,9 @@ def cluster() -> ml_collections.ConfigDict:
   method's waiting rule (BSP waits for the slowest, SSP up to its staleness,
   async never, gossip for its neighbours, local SGD at its syncs) sets the
   time (`jd.netmodel.WorkerClock`); the summary adds the cost.
+
+  Returns:
+    The section, with its defaults.
   """
   c = ml_collections.ConfigDict()
   c.speeds = ''  # relative speed per worker, e.g. '1,1,1,0.25'
@@ -241,7 +261,11 @@ def cluster() -> ml_collections.ConfigDict:
 
 
 def network() -> ml_collections.ConfigDict:
-  """Networks the modelled clock prices each step's communication on."""
+  """`config.network`: networks the modelled clock prices each step's communication on.
+
+  Returns:
+    The section, with its defaults.
+  """
   n = ml_collections.ConfigDict()
   # names ('1gbps'), specs ('20gbps@4ms') or ADOPT's varying network
   # ('adopt_c1@50': 50 steps per phase)
@@ -267,7 +291,11 @@ def network() -> ml_collections.ConfigDict:
 
 
 def batching() -> dict[str, Any]:
-  """`config.batching`, the per-worker batches, and its controllers' sections."""
+  """`config.batching`, the per-worker batches, and its controllers' sections.
+
+  Returns:
+    The keys to set on the config, with their defaults.
+  """
   # Per-worker batches on a heterogeneous cluster (Tyagi & Sharma 2020): 'uniform',
   # 'static' (in proportion to the cluster's speeds) or 'dynamic' (the proportional
   # controller on the modelled iteration times, jd.control.dynamic_batching). Uneven
@@ -294,6 +322,9 @@ def partition() -> dict[str, Any]:
   'labels' (non-IID: each worker holds labels_per_worker labels), with
   randomised data injection: a fraction inject_alpha of the workers shares
   inject_beta of its batch with every other worker each step (bytes counted).
+
+  Returns:
+    The section as a dict, with its defaults.
   """
   return dict(kind='iid', labels_per_worker=1, inject_alpha=0.0, inject_beta=0.0)
 
@@ -305,6 +336,9 @@ def adaptive() -> dict[str, Any]:
   2023), 'scadles' (ScaDLES's compress-or-not rule) or 'adopt' (ADOPT) choose
   compressed_allreduce's candidate ratio (or dense; ADOPT also the collective)
   each step from the workers' measured compression gains; 'none' keeps it fixed.
+
+  Returns:
+    The keys to set on the config, with their defaults.
   """
   return dict(
     adaptive='none',
@@ -334,6 +368,9 @@ def fault() -> ml_collections.ConfigDict:
   rule decides who waits). drop: 'worker@start[-end]': the worker takes no
   part in steps start+1..end (for good without an end); the weighted
   all-reduce averages over the others (needs sync.method=allreduce).
+
+  Returns:
+    The section, with its defaults.
   """
   f = ml_collections.ConfigDict()
   f.kill_at_step = 0
@@ -347,12 +384,29 @@ def fault() -> ml_collections.ConfigDict:
 
 
 def method(name: str, **args: Any) -> dict[str, Any]:
-  """A variant's overrides: sync method `name`, with `args` set in its section."""
+  """A variant's overrides: sync method `name`, with `args` set in its section.
+
+  Args:
+    name: the method (`config.sync.method`).
+    **args: keys of its section.
+
+  Returns:
+    The overrides, a nested dict.
+  """
   return {'sync': {'method': name, name: args}} if args else {'sync': {'method': name}}
 
 
 def compressed(name: str, collective: str = 'allgather', **args: Any) -> dict[str, Any]:
-  """A variant's overrides: `compressed_allreduce` with compressor `name`(**args)."""
+  """A variant's overrides: `compressed_allreduce` with compressor `name`(**args).
+
+  Args:
+    name: the compressor (`config.compress.name`).
+    collective: `compressed_allreduce`'s collective.
+    **args: keys of the compressor's section.
+
+  Returns:
+    The overrides, a nested dict.
+  """
   return {
     'sync': {'method': 'compressed_allreduce', 'compressed_allreduce': {'collective': collective}},
     'compress': {'name': name, name: args},
@@ -363,7 +417,11 @@ ADOPT_RATIOS = (0.1, 0.0333, 0.0111, 0.0037, 0.0012)  # jd.control.ADOPT_CANDIDA
 
 
 def base() -> ml_collections.ConfigDict:
-  """Every option with its default; experiment configs override what they need."""
+  """Every option with its default; experiment configs override what they need.
+
+  Returns:
+    The config.
+  """
   config = ml_collections.ConfigDict()
   config.seed = 0
 
@@ -423,12 +481,30 @@ def base() -> ml_collections.ConfigDict:
 
 
 def names(text: str) -> list[str]:
-  """The items of a comma-separated config string."""
+  """The items of a comma-separated config string.
+
+  Args:
+    text: e.g. '1gbps, 10gbps'.
+
+  Returns:
+    The items, stripped, empty ones dropped.
+  """
   return [t.strip() for t in text.split(',') if t.strip()]
 
 
 def numbers(text: str, where: str) -> tuple[float, ...]:
-  """The numbers of a comma-separated config string; errors name `config.<where>`."""
+  """The numbers of a comma-separated config string; errors name `config.<where>`.
+
+  Args:
+    text: e.g. '0.6,0.4'.
+    where: the key, for the error.
+
+  Returns:
+    The numbers, as floats.
+
+  Raises:
+    ValueError: if an item is not a number.
+  """
   try:
     return tuple(float(v) for v in names(str(text)))
   except ValueError:

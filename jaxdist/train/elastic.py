@@ -82,7 +82,17 @@ class ReshardError(ValueError):
 
 
 def model_rule(method: str) -> str:
-  """The rule of the model and the local optimizer's state under `method`."""
+  """The rule of the model and the local optimizer's state under `method`.
+
+  Args:
+    method: `config.sync.method`.
+
+  Returns:
+    The rule (`methods.REPLICATED`, `MEAN`, ...).
+
+  Raises:
+    ReshardError: if `method`'s state cannot be resharded.
+  """
   row = methods.METHODS.get(method)
   if row is None or not row.model:
     raise ReshardError(_refusal(method))
@@ -124,6 +134,13 @@ def rules(template: Any, method: str) -> Any:
   """A tree like `template` (a `TrainState`) with each leaf's rule (a str) in its place.
 
   `Transfer` nodes keep their static fields; their count's rule is `RESET`.
+
+  Args:
+    template: the run's `TrainState` (of arrays or shapes).
+    method: `config.sync.method`.
+
+  Returns:
+    A `TrainState` of rules.
   """
   context = model_rule(method)
   if not isinstance(template, TrainState):
@@ -183,7 +200,13 @@ def _key(path) -> tuple[str, ...]:
 
 @dataclasses.dataclass
 class Report:
-  """What `reshard` did: the leaves under each rule, and the workers before and after."""
+  """What `reshard` did: the leaves under each rule, and the workers before and after.
+
+  Attributes:
+    saved: N, the checkpoint's workers.
+    workers: M, this run's.
+    leaves: the leaves' dotted names, by the rule that resharded them.
+  """
 
   saved: int
   workers: int
@@ -307,12 +330,26 @@ def _shards(old, shape, template, local_size, name: str) -> np.ndarray:
 
 
 def owed(residual: np.ndarray) -> np.ndarray:
-  """(1/N) Σ_n e_n of an error-feedback memory [N, ...]: the update not yet applied."""
+  """(1/N) Σ_n e_n of an error-feedback memory [N, ...]: the update not yet applied.
+
+  Args:
+    residual: [N, ...] every worker's memory.
+
+  Returns:
+    float64 [...].
+  """
   return np.asarray(residual, np.float64).mean(axis=0)
 
 
 def describe(method: str) -> str:
-  """What `reshard` does to `method`'s state, in a line (for the log)."""
+  """What `reshard` does to `method`'s state, in a line (for the log).
+
+  Args:
+    method: `config.sync.method`.
+
+  Returns:
+    The line (why it refuses, for a method it cannot reshard).
+  """
   rule = methods.METHODS[method].model if method in methods.METHODS else ''
   return _DESCRIBED.get(rule) or _refusal(method)
 
@@ -333,7 +370,14 @@ REMEASURED = ('compute_s', 'compute_s_candidates', 'noise')
 
 
 def recorded(exp) -> dict[str, Any]:
-  """The `RECORDED` fields of a run (`factory.Experiment`), for its checkpoints' metadata."""
+  """The `RECORDED` fields of a run (`factory.Experiment`), for its checkpoints' metadata.
+
+  Args:
+    exp: the run.
+
+  Returns:
+    workers, devices, method, model and per_worker, by name.
+  """
   w = exp.workers
   return {
     'workers': w.count,
@@ -345,10 +389,17 @@ def recorded(exp) -> dict[str, Any]:
 
 
 def check_same_run(meta: Mapping[str, Any], exp) -> None:
-  """Raises `ReshardError` if the checkpoint (its metadata) or this run holds one model per
-  device (`sync.per_worker='device'`, which is not resharded) and the two differ in workers,
-  devices or per_worker. (Another method or model is refused before, with every other
-  config change: `jaxdist.train.resume.check_resume`.)
+  """Raises `ReshardError` if a run of one model per device would change workers.
+
+  That is if the checkpoint (its metadata) or this run holds one model per
+  device (`sync.per_worker='device'`, which is not resharded) and the two
+  differ in workers, devices or per_worker. (Another method or model is
+  refused before, with every other config change:
+  `jaxdist.train.resume.check_resume`.)
+
+  Args:
+    meta: the checkpoint's metadata.
+    exp: this run.
   """
   now = recorded(exp)
   layout = ('workers', 'devices', 'per_worker')
@@ -369,6 +420,13 @@ def needed(meta: Mapping[str, Any], exp) -> bool:
   Another number of workers; or, for `hitopk_allreduce`, whose error memory
   is cut in shards of a node's sum, other nodes. A checkpoint that does not
   record its workers (written before elastic restore) is restored as saved.
+
+  Args:
+    meta: the checkpoint's metadata.
+    exp: this run.
+
+  Returns:
+    Whether to reshard.
   """
   now = recorded(exp)
   if 'workers' not in meta:
@@ -386,6 +444,16 @@ def restore(exp, directory: str, step: int, template: Any, meta: dict[str, Any])
   worker axis sharded over the mesh's `data` axis). The metadata loses what
   was measured at the writer's per-worker batch (`REMEASURED`). Nothing in
   `directory` is written.
+
+  Args:
+    exp: this run.
+    directory: the checkpoints' directory.
+    step: the checkpoint's step.
+    template: this run's `TrainState` of shapes.
+    meta: the checkpoint's metadata.
+
+  Returns:
+    (the state placed on this run's workers, the metadata, the `Report`).
 
   Raises:
     ReshardError: the method, this run's workers or the checkpoint's host

@@ -21,53 +21,93 @@ from jaxdist import control, data, netmodel, runtime
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-  """Everything a run needs, built and checked from a config (`factory.build`)."""
+  """Everything a run needs, built and checked from a config (`factory.build`).
+
+  Attributes:
+    workdir: where checkpoints, metrics and the summary go.
+    dataset: the data.
+    model: the Flax model.
+    tx: the optax chain, or a `step.SplitChain` (per_worker='device').
+    schedule: the learning rate by step.
+    workers: the worker layout.
+    networks: the networks the ledger prices every step on, by name.
+    record: the config as JSON.
+    method: what ran (`config.sync.method`), for the summary and the checkpoints.
+    model_name: the model's name.
+    dataset_name: the dataset's name.
+    steps: steps to train.
+    seed: the run's seed (initialisation, data order).
+    batch_size: the global batch.
+    eval_every: steps between evaluations.
+    eval_batch_size: examples per evaluation batch.
+    checkpoint_every: steps between checkpoints.
+    keep_checkpoints: checkpoints kept.
+    progress: show a progress bar.
+    noise_every: steps between measurements of the gradient noise γ (0: never).
+    noise_decay: the EWMA decay of those measurements.
+    kill_at_step: send `kill_signal` to the process after this step (0: never).
+    kill_signal: the signal it sends (`config.fault.signal`: SIGKILL, SIGTERM or SIGINT).
+    way: how a device computes its workers' gradients (make_train_step's
+      per_worker).
+    way_asked: the way as the config gives it ('auto' unresolved).
+    staggered: a device's workers run their passes one after the other.
+    reshard_multiple: elastic restore: a number of workers must be a
+      multiple of it.
+    compute_s: the compute term given; 0: measured.
+    compute_budget_s: seconds of timed steps measuring it.
+    algorithm: the collectives' algorithm (ring, tree, ...).
+    hierarchy: the devices as nodes, their simulated workers local.
+    wait: the method's waiting rule: `netmodel.WorkerClock` arguments.
+    cluster: the modelled heterogeneous cluster, or None.
+    batching_mode: 'uniform', 'static', 'dynamic' or 'stream'.
+    batching: the per-worker batch controller, or None.
+    held: examples each worker holds per step: its batch, or b_max.
+    sampler: which examples each worker trains on, or None.
+    ratio_control: the ratio's controller (config.adaptive), or None.
+    ratios: its candidates, compiled into the chain (dense after them).
+    drops: `inject.Drop`s (config.fault.drop).
+  """
 
   workdir: str
   dataset: data.Dataset
   model: Any
-  tx: optax.GradientTransformation | Any  # or a step.SplitChain (per_worker='device')
+  tx: optax.GradientTransformation | Any
   schedule: optax.Schedule
   workers: runtime.Workers
   networks: Mapping[str, netmodel.Network | netmodel.Schedule]
-  record: Mapping[str, Any]  # the config as JSON
-  # what ran: the summary's and the checkpoints' names
+  record: Mapping[str, Any]
   method: str
   model_name: str
   dataset_name: str
-  # the loop
   steps: int
   seed: int
-  batch_size: int  # global
+  batch_size: int
   eval_every: int
   eval_batch_size: int
   checkpoint_every: int
   keep_checkpoints: int
   progress: bool
-  noise_every: int  # 0: never
+  noise_every: int
   noise_decay: float
-  kill_at_step: int  # 0: never
-  kill_signal: int  # what kill_at_step sends (config.fault.signal)
-  # the step
-  way: str  # how a device computes its workers' gradients (make_train_step's per_worker)
-  way_asked: str  # the way as the config gives it ('auto' unresolved)
+  kill_at_step: int
+  kill_signal: int
+  way: str
+  way_asked: str
   staggered: bool
-  reshard_multiple: int  # elastic restore: a number of workers must be a multiple of it
-  # the modelled clock
-  compute_s: float  # the compute term given; 0: measured
-  compute_budget_s: float  # seconds of timed steps measuring it
-  algorithm: str  # the collectives' algorithm (ring, tree, ...)
-  hierarchy: netmodel.Hierarchy  # the devices as nodes, their simulated workers local
-  wait: Mapping[str, Any]  # the method's waiting rule: `netmodel.WorkerClock` arguments
+  reshard_multiple: int
+  compute_s: float
+  compute_budget_s: float
+  algorithm: str
+  hierarchy: netmodel.Hierarchy
+  wait: Mapping[str, Any]
   cluster: netmodel.Cluster | None = None
-  # the host
-  batching_mode: str = 'uniform'  # uniform | static | dynamic | stream
-  batching: control.DynamicBatching | control.Streams | None = None  # per-worker batches
-  held: int = 0  # examples each worker holds per step: its batch, or b_max
-  sampler: data.Sampler | None = None  # which examples each worker trains on
-  ratio_control: control.Controller | None = None  # the ratio's (config.adaptive), or None
-  ratios: tuple[float, ...] = ()  # its candidates, compiled into the chain (dense after them)
-  drops: tuple = ()  # `inject.Drop`s (config.fault.drop)
+  batching_mode: str = 'uniform'
+  batching: control.DynamicBatching | control.Streams | None = None
+  held: int = 0
+  sampler: data.Sampler | None = None
+  ratio_control: control.Controller | None = None
+  ratios: tuple[float, ...] = ()
+  drops: tuple = ()
 
   @property
   def counted(self) -> bool:
@@ -87,8 +127,11 @@ class Experiment:
   def clock(self, compute_s: float) -> netmodel.WorkerClock | None:
     """A fresh per-worker clock of the run's cluster under the method's waiting rule.
 
-    None without a cluster. `compute_s`: one worker's measured step on its
-    batch (the compute term).
+    Args:
+      compute_s: one worker's measured step on its batch (the compute term).
+
+    Returns:
+      The `netmodel.WorkerClock`, or None without a cluster.
     """
     if self.cluster is None:
       return None

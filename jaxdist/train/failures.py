@@ -52,7 +52,19 @@ def _rows(state: hybrid.DLRMState) -> tuple[np.ndarray, np.ndarray]:
 def evaluate(
   eval_fn: Callable[..., jax.Array], state: hybrid.DLRMState, split: Any
 ) -> dict[str, float]:
-  """Log-loss, accuracy (threshold 0.5) and AUC of the model's probabilities on `split`."""
+  """Log-loss, accuracy (threshold 0.5) and AUC of the model's probabilities on `split`.
+
+  Args:
+    eval_fn: `(state, dense, ids) -> probabilities` (`hybrid.make_eval`).
+    state: the model.
+    split: a `ClickBatch`.
+
+  Returns:
+    {'test_loss', 'test_accuracy', 'test_auc'}.
+
+  Raises:
+    FloatingPointError: if the log-loss is not finite.
+  """
   from sklearn.metrics import roc_auc_score
 
   p = np.clip(np.asarray(eval_fn(state, split.dense, split.ids), np.float64), 1e-7, 1 - 1e-7)

@@ -78,6 +78,14 @@ class Ledger:
 
     The devices are the nodes and each device's simulated workers a node's
     workers (`exp.hierarchy`: `config.network.intra`, `shared_nic`).
+
+    Args:
+      exp: the run.
+      transfers: the `Transfer`s its step issues (of one worker's state).
+      compute_s: one worker's step without communication, seconds.
+
+    Returns:
+      The `Ledger`.
     """
     return cls(
       transfers,
@@ -94,6 +102,12 @@ class Ledger:
     On the first network; blocking and overlapped alike. What a
     synchronising step costs, known before the step runs (streams use it
     for how long data streamed in).
+
+    Args:
+      step: the 0-based step (a schedule's network changes with it).
+
+    Returns:
+      Seconds (0 without networks).
     """
     if not self.networks:
       return 0.0
@@ -102,7 +116,17 @@ class Ledger:
     return r[f'comm_s@{first}'] + r.get(f'overlap_s@{first}', 0.0)
 
   def record(self, step: int, counts: Sequence[int]) -> dict[str, Any]:
-    """The ledger's fields of step `step` (1-based) whose collectives ran `counts` times in all."""
+    """The ledger's fields of step `step` (1-based) whose collectives ran `counts` times in all.
+
+    Args:
+      step: the 1-based step, as the log numbers it.
+      counts: each transfer's runs, summed over the workers.
+
+    Returns:
+      The record's fields: payload and sent bytes per worker, `synced`,
+      `collectives`, and per network `comm_s@`, `overlap_s@` (if any) and
+      `modelled_s@`.
+    """
     n, h = self.n, self.hierarchy
     per_worker = [c / n for c in counts]  # every worker takes part in every collective
     pairs = list(zip(self.transfers, counts, strict=True))
@@ -155,6 +179,9 @@ def modelled_clock(
     network: the profile name.
     compute_s: one worker's measured step without communication.
     clock: a fresh `netmodel.WorkerClock`, or None.
+
+  Returns:
+    (step, modelled seconds since the start) per record.
   """
   total, out = 0.0, []
   for r in records:
@@ -181,8 +208,17 @@ def time_to_accuracy(
 ) -> tuple[int, float] | None:
   """(step, modelled seconds) of the first evaluation reaching `target`, or None.
 
-  `metric`: the evaluation's figure, an accuracy (reached at or above the
-  target) or a loss (a key ending in `loss`: reached at or below it).
+  Args:
+    records: the run's per-step records, from its first step.
+    target: the value to reach.
+    network: the profile name of the clock.
+    compute_s: one worker's measured step without communication.
+    clock: a fresh `netmodel.WorkerClock`, or None (as `modelled_clock`).
+    metric: the evaluation's figure, an accuracy (reached at or above the
+      target) or a loss (a key ending in `loss`: reached at or below it).
+
+  Returns:
+    (step, modelled seconds), or None if no evaluation reached it.
   """
   times = dict(modelled_clock(records, network, compute_s, clock))
   lower = metric.endswith('loss')
@@ -194,7 +230,14 @@ def time_to_accuracy(
 
 
 def median_step_s(records: Sequence[Mapping[str, Any]]) -> float | None:
-  """Median measured step time: robust to the compile step and eval/checkpoint spikes."""
+  """Median measured step time: robust to the compile step and eval/checkpoint spikes.
+
+  Args:
+    records: the run's per-step records.
+
+  Returns:
+    Seconds, or None if no record measured its step.
+  """
   times = [r['step_s'] for r in records if r.get('step_s')]
   return statistics.median(times) if times else None
 
@@ -207,8 +250,16 @@ def summarize(
 ) -> dict[str, Any]:
   """Per-run figures from the per-step records: bytes, sync fraction, step and modelled times.
 
-  `make_clock(compute_s)` gives a fresh per-worker clock of a heterogeneous
-  cluster (or None); with one, the summary also has each network's cost.
+  Args:
+    records: the run's per-step records.
+    networks: the profile names to model the clock on.
+    compute_s: one worker's measured step without communication.
+    make_clock: gives a fresh per-worker clock of a heterogeneous cluster
+      (or None); with one, the summary also has each network's cost.
+
+  Returns:
+    The figures by name (bytes per step, `sync_fraction`, `median_step_s`,
+    `modelled_s@<network>`, ...).
   """
   mean = lambda key: sum(r[key] for r in records) / len(records) if records else None
   out = {

@@ -61,27 +61,66 @@ Rules = Mapping[type, Mapping[str, str | None]]
 
 
 def bsp(section: Mapping[str, Any], num_workers: int) -> dict[str, Any]:
-  """Every worker waits for all at every step (bulk-synchronous)."""
+  """Every worker waits for all at every step (bulk-synchronous).
+
+  Args:
+    section: the method's config section (unused).
+    num_workers: K (unused).
+
+  Returns:
+    `netmodel.WorkerClock`'s arguments.
+  """
   return {'wait': 'bsp'}
 
 
 def periodic(section: Mapping[str, Any], num_workers: int) -> dict[str, Any]:
-  """Workers wait for all only at the steps that synchronise."""
+  """Workers wait for all only at the steps that synchronise.
+
+  Args:
+    section: the method's config section (unused).
+    num_workers: K (unused).
+
+  Returns:
+    `netmodel.WorkerClock`'s arguments.
+  """
   return {'wait': 'periodic'}
 
 
 def asynchronous(section: Mapping[str, Any], num_workers: int) -> dict[str, Any]:
-  """No worker waits."""
+  """No worker waits.
+
+  Args:
+    section: the method's config section (unused).
+    num_workers: K (unused).
+
+  Returns:
+    `netmodel.WorkerClock`'s arguments.
+  """
   return {'wait': 'async'}
 
 
 def ssp(key: str) -> Callable[[Mapping[str, Any], int], dict[str, Any]]:
-  """The fastest worker runs at most `section[key]` steps ahead of the slowest."""
+  """The fastest worker runs at most `section[key]` steps ahead of the slowest.
+
+  Args:
+    key: the section's key of the staleness bound.
+
+  Returns:
+    The waiting rule, `(section, num_workers) -> WorkerClock arguments`.
+  """
   return lambda section, num_workers: {'wait': 'ssp', 'staleness': section[key]}
 
 
 def neighbours(section: Mapping[str, Any], num_workers: int) -> dict[str, Any]:
-  """A worker waits for the neighbours it mixes with at that step (gossip)."""
+  """A worker waits for the neighbours it mixes with at that step (gossip).
+
+  Args:
+    section: the method's config section (its `topology` and `rows`).
+    num_workers: K.
+
+  Returns:
+    `netmodel.WorkerClock`'s arguments: the mixing matrix by step.
+  """
   topology, rows = section['topology'], section['rows']
   mixing = lambda t: sync.mixing_matrix(topology, num_workers, rows, step=t)
   return {'wait': 'neighbours', 'neighbours': mixing}
@@ -91,12 +130,28 @@ def neighbours(section: Mapping[str, Any], num_workers: int) -> dict[str, Any]:
 
 
 def delay(value: Any, where: str) -> int | str:
-  """gradient_delay's `delay`: an int, or a name ('stages')."""
+  """gradient_delay's `delay`: an int, or a name ('stages').
+
+  Args:
+    value: the section's value.
+    where: the section's key, for errors (unused).
+
+  Returns:
+    The int, or the name as a str.
+  """
   return int(value) if str(value).lstrip('-').isdigit() else str(value)
 
 
 def bucket_plan(nbytes: int, where: str) -> Callable[[Any], list[list[int]]]:
-  """DDP-style buckets of `nbytes` bytes, last leaves first (backward order of flax's naming)."""
+  """DDP-style buckets of `nbytes` bytes, last leaves first (backward order of flax's naming).
+
+  Args:
+    nbytes: bytes per bucket (> 0).
+    where: the section's key, for errors.
+
+  Returns:
+    The plan: `params -> buckets` (`netmodel.threshold_buckets`).
+  """
   if nbytes <= 0:
     raise ValueError(f'config.{where}.buckets (bytes per bucket) must be > 0, got {nbytes}')
 
@@ -112,7 +167,30 @@ def bucket_plan(nbytes: int, where: str) -> Callable[[Any], list[list[int]]]:
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-  """What the trainer knows of one sync method (the module docstring says each field)."""
+  """What the trainer knows of one sync method (the module docstring says more of each field).
+
+  Attributes:
+    make: the method's factory, called with its section and what the
+      trainer supplies.
+    optimizer: where the local optimizer goes: 'before', 'after', 'in' or
+      'own'.
+    supplies: the arguments the trainer supplies from the run.
+    convert: per section key, `(value, where) -> argument`.
+    weighted: the factory when the workers' batches differ, or None.
+    one_model: 'shared' is exact for it.
+    mean_only: 'mean' is exact for it.
+    device: 'device' is exact for it: 'model', 'split' or '' (not).
+    wait: the modelled clock's waiting rule, `(section, num_workers) ->
+      WorkerClock arguments`.
+    model: elastic restore's rule of the model and local optimizer state
+      ('' refuses).
+    refused: why elastic restore refuses it, where `model` is ''.
+    states: elastic restore's rule per field of each jaxdist state it keeps.
+    multiple_of: a section key the new number of workers must be a multiple
+      of ('' for none).
+    shards: its state is cut in shards by node.
+    compensations: it takes config.sync.compensation (gradient_delay).
+  """
 
   make: Callable[..., optax.GradientTransformation]
   optimizer: str
@@ -128,7 +206,7 @@ class Method:
   states: Rules = dataclasses.field(default_factory=dict)
   multiple_of: str = ''
   shards: bool = False
-  compensations: bool = False  # takes config.sync.compensation (gradient_delay)
+  compensations: bool = False
 
 
 _IN_FLIGHT = 'its state holds gradients in flight (a per-worker mailbox of delayed gradients)'
@@ -263,19 +341,38 @@ METHODS: Mapping[str, Method] = {
 
 
 def get(name: str) -> Method:
-  """The row of `name`; a ValueError naming the methods there are otherwise."""
+  """The row of `name`; a ValueError naming the methods there are otherwise.
+
+  Args:
+    name: `config.sync.method`.
+
+  Returns:
+    The `Method`.
+  """
   if name not in METHODS:
     raise ValueError(f'unknown sync.method {name!r}; choose one of {sorted(METHODS)}')
   return METHODS[name]
 
 
 def having(attribute: str, value: Any = True) -> tuple[str, ...]:
-  """The methods whose row has `attribute` equal to `value` (in the table's order)."""
+  """The methods whose row has `attribute` equal to `value` (in the table's order).
+
+  Args:
+    attribute: a `Method` field.
+    value: the value to match.
+
+  Returns:
+    The methods' names.
+  """
   return tuple(n for n, m in METHODS.items() if getattr(m, attribute) == value)
 
 
 def state_rules() -> dict[type, Mapping[str, str | None]]:
-  """Every jaxdist state's rule per field, over all methods (averagers nest other states)."""
+  """Every jaxdist state's rule per field, over all methods (averagers nest other states).
+
+  Returns:
+    The rules, by state class.
+  """
   rules: dict[type, Mapping[str, str | None]] = {}
   for m in METHODS.values():
     rules.update(m.states)

@@ -27,12 +27,26 @@ TIMING_PREFIXES = ('step_s', 'modelled_s@')
 
 
 def without_timings(record: Mapping[str, Any]) -> dict[str, Any]:
-  """`record` less its wall-clock fields: what two identical runs must agree on."""
+  """`record` less its wall-clock fields: what two identical runs must agree on.
+
+  Args:
+    record: a metrics record.
+
+  Returns:
+    A copy without the keys starting with `TIMING_PREFIXES`.
+  """
   return {k: v for k, v in record.items() if not k.startswith(TIMING_PREFIXES)}
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
-  """Records of a JSONL file; a torn last line (a crash mid-write) is dropped."""
+  """Records of a JSONL file; a torn last line (a crash mid-write) is dropped.
+
+  Args:
+    path: the file (it may not exist).
+
+  Returns:
+    The records, in order ([] without the file).
+  """
   if not os.path.exists(path):
     return []
   records = []
@@ -46,7 +60,12 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
 
 
 def write_atomic(path: str, text: str) -> None:
-  """Writes `text` to `path` via a temporary file and a rename."""
+  """Writes `text` to `path` via a temporary file and a rename.
+
+  Args:
+    path: the file to (re)place.
+    text: its new contents.
+  """
   directory = os.path.dirname(os.path.abspath(path))
   fd, tmp = tempfile.mkstemp(dir=directory, prefix='.tmp-')
   try:
@@ -93,6 +112,13 @@ class MetricsWriter:
     )
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
+    """Appends one record to the JSONL file and one event to TensorBoard.
+
+    Args:
+      step: the record's step.
+      scalars: its values by key (numbers go to TensorBoard; the JSONL keeps
+        every JSON-ready value).
+    """
     if not self.enabled:
       return
     record = {'step': int(step), **{k: _plain(v) for k, v in scalars.items()}}
@@ -122,7 +148,14 @@ class MetricsWriter:
 
 
 def tensorboard_tag(key: str) -> str:
-  """A legal TensorBoard tag for a record key: 'comm_s@1gbps' -> 'comm_s/1gbps'."""
+  """A legal TensorBoard tag for a record key: 'comm_s@1gbps' -> 'comm_s/1gbps'.
+
+  Args:
+    key: the record's key.
+
+  Returns:
+    The tag: '@' as '/', other characters TensorBoard refuses as '_'.
+  """
   return re.sub(r'[^A-Za-z0-9_./-]', '_', key.replace('@', '/'))
 
 

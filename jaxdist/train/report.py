@@ -315,7 +315,11 @@ class Progress(tqdm.tqdm):
   """tqdm's bar, showing the last record's loss (and accuracy, where the labels are classes)."""
 
   def show(self, record: Mapping[str, Any]) -> None:
-    """Shows `record`'s training loss and accuracy beside the bar (drawn at its next update)."""
+    """Shows `record`'s training loss and accuracy beside the bar (drawn at its next update).
+
+    Args:
+      record: a step's record (its `accuracy` only where the labels are classes).
+    """
     shown = {'loss': f'{record["loss"]:.3f}'}
     if 'accuracy' in record:
       shown['acc'] = f'{record["accuracy"]:.3f}'

@@ -60,6 +60,18 @@ def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, A
   restore places it, its host controllers starting afresh (elastic restore
   refuses those that keep state per worker); one of the same number is
   restored as it was saved.
+
+  Args:
+    exp: the run (`factory.Experiment`).
+    ckpt: its `checkpoint.Checkpointer`.
+    init: `key -> state`, the fresh train state.
+    state_shape: the train state's shapes (`jax.eval_shape` of `init`).
+
+  Returns:
+    (state, step, metadata, controllers' states by name).
+
+  Raises:
+    ConfigError: if the checkpoint cannot be resumed by this run.
   """
   start = ckpt.latest_step() or 0
   if not start:
@@ -92,6 +104,13 @@ def config_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[tuple[str
   """(key, saved value, value now) per dotted key that differs, less `MAY_CHANGE_ON_RESUME`.
 
   A key only one side has gives None on the other.
+
+  Args:
+    saved: the config the checkpoint was written with, as JSON.
+    now: the config now, as JSON.
+
+  Returns:
+    The differences, by key.
   """
   old, new = _flat(saved), _flat(now)
   may = lambda k: any(k == m or k.startswith(m + '.') for m in MAY_CHANGE_ON_RESUME)
@@ -119,6 +138,15 @@ def resume_problem(saved: dict[str, Any] | None, now: dict[str, Any], step: int,
   those of workers that never trained. `saved_workers` (the checkpoint's
   record) stands in for `saved['workers']`; `saved` None (not recorded) skips
   the key-by-key comparison.
+
+  Args:
+    saved: the config that wrote the checkpoint, as JSON, or None.
+    now: the config now, as JSON.
+    step: the checkpoint's step.
+    saved_workers: the checkpoint's workers, if recorded.
+
+  Returns:
+    The reason, or None.
   """
   changes = config_changes(saved, now) if saved is not None else []
   if changes:
@@ -144,6 +172,10 @@ def check_resume(record: dict[str, Any], workdir: str) -> None:
   The checkpoint's metadata holds the config that wrote it (`config.json` in
   `workdir` for checkpoints that do not); `resume_problem` says what may
   differ. Reads only: nothing in `workdir` is written.
+
+  Args:
+    record: the config as JSON.
+    workdir: the run's directory.
   """
   directory = os.path.join(os.path.abspath(workdir), CHECKPOINTS)
   step = checkpoint.latest_step(directory)
@@ -161,7 +193,11 @@ def check_resume(record: dict[str, Any], workdir: str) -> None:
 
 
 def clear_run(workdir: str) -> None:
-  """Removes what a run wrote into `workdir` (`RUN_FILES`); anything else there stays."""
+  """Removes what a run wrote into `workdir` (`RUN_FILES`); anything else there stays.
+
+  Args:
+    workdir: the run's directory.
+  """
   for name in RUN_FILES:
     path = os.path.join(workdir, name)
     if os.path.isdir(path):
@@ -171,7 +207,12 @@ def clear_run(workdir: str) -> None:
 
 
 def open_workdir(exp: Experiment, fresh: bool) -> None:
-  """Makes `exp.workdir` ready: the old run removed if `fresh`, else checked resumable."""
+  """Makes `exp.workdir` ready: the old run removed if `fresh`, else checked resumable.
+
+  Args:
+    exp: the run.
+    fresh: remove the run there (process 0, the others waiting for it).
+  """
   if fresh:
     if jax.process_index() == 0:
       clear_run(exp.workdir)

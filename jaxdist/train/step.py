@@ -64,6 +64,12 @@ def takes_train(model: nn.Module) -> bool:
   """Whether `model.__call__` has a `train` argument, which the steps then pass.
 
   Read from the signature in Python (once per model class), never traced.
+
+  Args:
+    model: a Flax module.
+
+  Returns:
+    Whether it takes `train`.
   """
   return _has_train(type(model))
 
@@ -79,7 +85,18 @@ def loss_fn(
 ):
   """Mean of `loss` over the batch (its first `count` examples if given).
 
-  Returns (loss, (outputs, new_model_state)).
+  Args:
+    model: the Flax module.
+    params: its parameters.
+    model_state: its other variables ({} if none).
+    x: the inputs [B, ...].
+    y: the labels, batch leading.
+    train: training mode (the model state is updated).
+    count: how many of the examples are real (None: all).
+    loss: per-example loss, `(outputs, y) -> [B]`.
+
+  Returns:
+    (loss, (outputs, new_model_state)).
   """
   variables = {'params': params, **model_state}
   if train and model_state:
@@ -96,7 +113,14 @@ def init_params(
 ):
   """(params, model_state) of one model replica, from a batch of one example (zeros).
 
-  `input_dtype`: the inputs' (float32 images, int32 tokens).
+  Args:
+    model: the Flax module.
+    rng: the PRNG key.
+    input_shape: one example's input shape.
+    input_dtype: the inputs' (float32 images, int32 tokens).
+
+  Returns:
+    (params, model_state).
   """
   kwargs = {'train': False} if takes_train(model) else {}
   return _split_variables(model.init(rng, jnp.zeros((1, *input_shape), input_dtype), **kwargs))
@@ -116,6 +140,10 @@ class SplitChain:
   collective), so that the device part sees what each worker's copy would.
   The `device` part must not communicate: `make_train_step` refuses one
   whose state holds a transfer.
+
+  Attributes:
+    workers: the part run for every worker (it may communicate).
+    device: the part run once per device (it must not).
   """
 
   workers: optax.GradientTransformation
@@ -125,9 +153,28 @@ class SplitChain:
     return optax.chain(self.workers, self.device)
 
   def init(self, params: optax.Params) -> optax.OptState:
+    """The whole chain's `init`.
+
+    Args:
+      params: one worker's parameters.
+
+    Returns:
+      The two parts' states, in a tuple.
+    """
     return self._whole().init(params)
 
   def update(self, updates, state, params=None, **extra_args):
+    """The whole chain's `update`.
+
+    Args:
+      updates: the gradients.
+      state: the two parts' states.
+      params: the parameters.
+      **extra_args: optax's extra arguments.
+
+    Returns:
+      (updates, state).
+    """
     return self._whole().update(updates, state, params, **extra_args)
 
 
@@ -144,6 +191,17 @@ def make_init(
   With `per_worker='device'` (see `make_train_step`) the state holds one
   replica per device instead of one per worker; with a `SplitChain`, the
   state of its `workers` part stays per worker.
+
+  Args:
+    model: the Flax module.
+    tx: the chain (or a `SplitChain`).
+    workers: the worker layout.
+    input_shape: one example's input shape.
+    per_worker: as `make_train_step`'s.
+    input_dtype: the inputs' dtype.
+
+  Returns:
+    The init function; its state is sharded over the workers.
   """
   one_model = per_worker == 'device'
   replicas = workers.devices if one_model else workers.count
@@ -306,6 +364,18 @@ def make_train_step(
   `wire`: for each `Transfer` in the optimizer state (in tree order), how many
   times it ran this step summed over workers. The per-worker figures cross
   the devices in one all-gather, beside the chain's own collectives.
+
+  Args:
+    model: the Flax module (above).
+    tx: the optax chain, or a `SplitChain`.
+    workers: the worker layout.
+    staggered: run a device's workers one after the other (above).
+    counted: take per-worker counts (and a scale) (above).
+    per_worker: how a device's workers compute their gradients (above).
+    loss: per-example loss (above).
+
+  Returns:
+    The step.
   """
 
   _check_way(per_worker, counted, staggered, tx)
@@ -430,6 +500,12 @@ def trained_params(state: TrainState) -> optax.Params:
   `linear_weight_prediction` gives the forward pass extrapolated weights ŵ
   and keeps the true weights in its state; those are the ones to evaluate
   (`jaxdist.probes.trained_params`).
+
+  Args:
+    state: the train state.
+
+  Returns:
+    The weights, per worker.
   """
   return probes.trained_params(state.params, state.opt_state)
 
@@ -442,8 +518,17 @@ def make_eval_step(
   The model evaluated is the mean of the workers' trained parameters
   (`trained_params`) and batch-norm statistics: for synchronous methods
   every worker holds it already; for local methods it is the consensus
-  model. Returns masked sums of the loss and (for integer class labels) of
-  the correct predictions, and the count, so chunks can be added up.
+  model.
+
+  Args:
+    model: the Flax module.
+    workers: the worker layout.
+    loss: per-example loss.
+
+  Returns:
+    The step; it gives masked sums of the loss and (for integer class
+    labels) of the correct predictions, and the count, so chunks can be
+    added up.
   """
 
   on_cpu = workers.mesh.devices.flat[0].platform == 'cpu'
@@ -467,7 +552,15 @@ def make_reference_step(
   """One device, no workers: `(params, model_state, opt_state, x, y) -> (..., loss)`.
 
   The single-device computation every synchronous method is checked against,
-  and the baseline of the step benchmark. `tx` must not communicate.
+  and the baseline of the step benchmark.
+
+  Args:
+    model: the Flax module.
+    tx: the chain; it must not communicate.
+    loss: per-example loss.
+
+  Returns:
+    The jitted step; it donates params and opt_state.
   """
 
   grad_fn = jax.value_and_grad(functools.partial(loss_fn, loss=loss), argnums=1, has_aux=True)

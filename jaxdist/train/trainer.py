@@ -236,6 +236,12 @@ def kill_at_step(step: int, signum: int, log: StepLog, ckpt: checkpoint.Checkpoi
   (a scheduler's preemption) and SIGINT (Ctrl-C) reach the run's handlers
   (`interrupt.Stop`), which stop it with a checkpoint at the step it reached.
 
+  Args:
+    step: the step after which to send it (0: never).
+    signum: the signal (`config.fault.signal`).
+    log: the step log, flushed first under SIGKILL.
+    ckpt: the checkpointer, waited for first under SIGKILL.
+
   Returns:
     The hook (`loop.Hook`).
   """

@@ -104,37 +104,102 @@ class Pass(NamedTuple):
 
 
 def spread(tree, workers_here: int):
-  """The device's one copy of `tree`, broadcast to its workers."""
+  """The device's one copy of `tree`, broadcast to its workers.
+
+  Args:
+    tree: leaves with a leading axis of one.
+    workers_here: the device's workers.
+
+  Returns:
+    The tree, each leaf's leading axis `workers_here`.
+  """
   return jax.tree.map(lambda a: jnp.broadcast_to(a, (workers_here, *a.shape[1:])), tree)
 
 
 def gathered(model_state):
-  """The device's workers' statistics, averaged into its one copy."""
+  """The device's workers' statistics, averaged into its one copy.
+
+  Args:
+    model_state: leaves with a leading axis of the device's workers.
+
+  Returns:
+    The mean, leading axis one, in each leaf's dtype.
+  """
   return jax.tree.map(lambda a: jnp.mean(a, axis=0, keepdims=True).astype(a.dtype), model_state)
 
 
 def vmap(p: Pass, state, args):
+  """Together, one batched program: every worker with its own weights.
+
+  Args:
+    p: the passes.
+    state: the device's train state (unused).
+    args: (params, model_state, x, y[, count]), the device's workers leading.
+
+  Returns:
+    (grads, model_state, loss, accuracy), per worker.
+  """
   return jax.vmap(p.gradients)(*args)
 
 
 def loop(p: Pass, state, args):
+  """One worker after the other (`lax.map`), each convolution dense.
+
+  Args:
+    p: the passes.
+    state: the device's train state (unused).
+    args: (params, model_state, x, y[, count]), the device's workers leading.
+
+  Returns:
+    (grads, model_state, loss, accuracy), per worker.
+  """
   return jax.lax.map(lambda args: p.one_worker(*args), args)
 
 
 def staggered(p: Pass, state, args):
+  """`loop` with each worker's pass rematerialised: Wavelet's tick-tock waves.
+
+  Args:
+    p: the passes.
+    state: the device's train state (unused).
+    args: (params, model_state, x, y[, count]), the device's workers leading.
+
+  Returns:
+    (grads, model_state, loss, accuracy), per worker.
+  """
   wave = jax.checkpoint(lambda args: p.one_worker(*args))
   return jax.lax.map(wave, args)
 
 
 def mean(p: Pass, state, args):
-  """One backward pass of the workers' mean loss, its gradient handed to each worker."""
+  """One backward pass of the workers' mean loss, its gradient handed to each worker.
+
+  Args:
+    p: the passes.
+    state: the device's train state (unused).
+    args: (params, model_state, x, y), the device's workers leading.
+
+  Returns:
+    (grads, model_state, loss, accuracy), per worker; every worker's
+    gradient is the mean.
+  """
   y = args[3]
   grad, *rest = p.mean_gradient(*args)
   return jax.tree.map(lambda g: jnp.broadcast_to(g, (y.shape[0], *g.shape)), grad), *rest
 
 
 def device(p: Pass, state, args):
-  """`mean`'s gradient from the device's one model; its workers' statistics averaged into it."""
+  """`mean`'s gradient from the device's one model; its workers' statistics averaged into it.
+
+  Args:
+    p: the passes.
+    state: the device's train state: one model, leading axis one.
+    args: (params, model_state, x, y); x and y have the workers leading.
+
+  Returns:
+    (grads, model_state, loss, accuracy): the gradient and model state with
+    a leading axis of one, losses and accuracies per worker.
+  """
   x, y = args[2], args[3]
   model_state = spread(state.model_state, y.shape[0])
   grad, model_state, loss, accuracy = p.mean_gradient(state.params, model_state, x, y)
@@ -142,7 +207,16 @@ def device(p: Pass, state, args):
 
 
 def shared(p: Pass, state, args):
-  """Together, every worker's pass reading the first worker's weights, unbatched."""
+  """Together, every worker's pass reading the first worker's weights, unbatched.
+
+  Args:
+    p: the passes.
+    state: the device's train state (its first worker's weights are read).
+    args: (params, model_state, x, y[, count]), the device's workers leading.
+
+  Returns:
+    (grads, model_state, loss, accuracy), per worker.
+  """
   first = jax.tree.map(lambda a: a[0], state.params)
   in_axes = (None,) + (0,) * (len(args) - 1)
   return jax.vmap(p.gradients, in_axes)(first, *args[1:])
@@ -159,8 +233,20 @@ WAYS = {
 
 
 def worker_gradients(p: Pass, model, model_state, x, y):
-  """Each worker's gradient at the device's one model (a `SplitChain`'s per-worker part);
-  their statistics averaged into its one copy."""
+  """Each worker's gradient at the device's one model; their statistics averaged into it.
+
+  For a `SplitChain`'s per-worker part.
+
+  Args:
+    p: the passes.
+    model: the device's one model's parameters (no leading axis).
+    model_state: its model state, leading axis one.
+    x: the device's workers' inputs, workers leading.
+    y: their labels, workers leading.
+
+  Returns:
+    (grads per worker, the averaged model state, losses, accuracies).
+  """
   args = (spread(model_state, y.shape[0]), x, y)
   if p.on_cpu:  # one after the other, each convolution dense (as 'loop')
     grads, model_state, loss, accuracy = jax.lax.map(lambda a: p.one_worker(model, *a), args)

@@ -2,9 +2,11 @@
 
 A function's size is its lines from `def` to its last line, less the lines of
 docstrings (its own and those of functions and classes nested in it); blank
-and comment lines count. Files count every line. `ALLOWED_*` would list
-exceptions at the size they had, an entry only shrinking and going once back
-under the limit; both are empty: nothing in the package is over its limit.
+and comment lines count. Files count every line. `ALLOWED_*` list exceptions
+at the size they had, an entry only shrinking and going once back under the
+limit. No function is over its limit; three modules went over theirs when
+every public name's docstring gained its Args and Returns (their code did not
+grow): splitting one removes its entry.
 """
 
 import ast
@@ -21,7 +23,11 @@ FILE_ROOTS = ('jaxdist',)
 
 # 'path:function' (nested functions by their own name) -> lines allowed
 ALLOWED_FUNCTIONS: dict[str, int] = {}
-ALLOWED_FILES: dict[str, int] = {}
+ALLOWED_FILES: dict[str, int] = {
+  'jaxdist/faults/cpr.py': 583,
+  'jaxdist/train/config.py': 508,
+  'jaxdist/train/step.py': 573,
+}
 
 
 def python_files(roots):

@@ -17,12 +17,29 @@ from jaxdist.compress.base import Compressor, Payload, check_ratio, num_kept
 
 
 def scatter(values: jax.Array, indices: jax.Array, n: int) -> jax.Array:
-  """The dense vector of length n with `values` added at `indices` (index n: dropped)."""
+  """The dense vector of length n with `values` added at `indices` (index n: dropped).
+
+  Args:
+    values: the values [k].
+    indices: their int32 positions [k], n for a padding slot.
+    n: the dense vector's length.
+
+  Returns:
+    [n] in `values`' dtype; values at a repeated index add up.
+  """
   return jnp.zeros((n,), values.dtype).at[indices].add(values, mode='drop')
 
 
 def take(x: jax.Array, indices: jax.Array) -> jax.Array:
-  """x at `indices`; 0 where an index is n (a padding slot)."""
+  """x at `indices`; 0 where an index is n (a padding slot).
+
+  Args:
+    x: the dense vector [n].
+    indices: int32 positions [k], n for a padding slot.
+
+  Returns:
+    [k] in x's dtype.
+  """
   return x.at[indices].get(mode='fill', fill_value=0)
 
 

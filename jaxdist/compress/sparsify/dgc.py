@@ -79,6 +79,14 @@ class DGC(_Sparsifier):
   one thread (1.6-2.2 passes for the fold). At 0.1% (500 rows of 20K at
   10M) the encode took 1.8 passes in scratch runs, as contiguous bins do.
 
+  Attributes:
+    ratio: the fraction of elements sent, in (0, 1].
+    k: the elements sent (give `ratio` or `k`, not both).
+    sample_ratio: the sample's size as a fraction of n, in (0, 1].
+    min_sample: the fewest elements sampled.
+    max_sample: the most elements sampled.
+    bins_per_k: B / k, the strided bins per payload slot (>= 1).
+
   Reference: Lin, Han, Mao, Wang, Dally. Deep Gradient Compression. ICLR 2018.
   https://arxiv.org/abs/1712.01887
   """

@@ -21,6 +21,10 @@ class RandomK(Compressor):
   `rescale` (the default), values are scaled by n/k, which makes
   decode(encode(x)) an unbiased estimate of x; without it, use error feedback.
 
+  Attributes:
+    ratio: the fraction of elements sent, in (0, 1]: k = max(1, ⌊n·ratio⌋).
+    rescale: scale the values by n/k (unbiased).
+
   Reference: Stich, Cordonnier, Jaggi. Sparsified SGD with Memory. NeurIPS
   2018. https://arxiv.org/abs/1809.07599
   """

@@ -17,6 +17,11 @@ class Threshold(_Sparsifier):
 
   Beyond capacity, the first k by position are sent; the rest wait in the
   error-feedback residual (GRACE pads threshold payloads the same way).
+
+  Attributes:
+    ratio: the capacity as a fraction of the elements, in (0, 1].
+    k: the capacity in elements (give `ratio` or `k`, not both).
+    tau: the magnitude threshold (>= 0).
   """
 
   tau: float = 0.0

@@ -149,6 +149,11 @@ class TopK(_Sparsifier):
     H100's top_k was 2.5x-9x a memory pass at 1M-10M floats; bisect has not
     been timed there.
   Where n < 2k, or for float64, `'bisect'` is `lax.top_k`.
+
+  Attributes:
+    ratio: the fraction of elements sent, in (0, 1]: k = max(1, ⌊n·ratio⌋).
+    k: the elements sent (give `ratio` or `k`, not both).
+    selection: 'auto', 'top_k', 'bisect' or 'candidates' (above).
   """
 
   selection: str = 'auto'
@@ -182,6 +187,11 @@ class MSTopK(_Sparsifier):
   threshold are certain, and k - k1 more come as one contiguous run (from a
   random start) of the candidates between the two thresholds. Each round is a
   pass over x, so this is exact-count search, not a fast kernel.
+
+  Attributes:
+    ratio: the fraction of elements sent, in (0, 1].
+    k: the elements sent (give `ratio` or `k`, not both).
+    rounds: bisection steps of the threshold.
 
   Reference: Shi et al., Towards Scalable Distributed Training of Deep
   Learning on Public Cloud Clusters, MLSys 2021. https://arxiv.org/abs/2010.10458

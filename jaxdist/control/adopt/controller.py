@@ -88,7 +88,13 @@ class AdoptState(NamedTuple):
 
 
 class ADOPT(NamedTuple):
-  """A host-side controller: `init(network)` and `update(state, *, gain, network)`."""
+  """A host-side controller: `init(network)` and `update(state, *, gain, network)`.
+
+  Attributes:
+    init: `(network) -> AdoptState`, from the network in force.
+    update: `(state, *, gain, network) -> AdoptState`, one step's measured
+      gain and the network it ran on.
+  """
 
   init: Callable[[netmodel.Network], AdoptState]
   update: Callable[..., AdoptState]

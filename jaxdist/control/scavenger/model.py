@@ -139,18 +139,40 @@ class Model(NamedTuple):
   theta: float
 
   def step_s(self, num_workers: int, batch_size: int) -> float:
-    """τ = c0 + c1 · B/K + s0 + s1 · K + other_s, seconds."""
+    """τ = c0 + c1 · B/K + s0 + s1 · K + other_s, seconds.
+
+    Args:
+      num_workers: K.
+      batch_size: B, the global batch.
+
+    Returns:
+      τ in seconds.
+    """
     _check_config(num_workers, batch_size)
     return (
       self.c0 + self.c1 * batch_size / num_workers + self.s0 + self.s1 * num_workers + self.other_s
     )
 
   def gamma_normalized(self, batch_size: int) -> float:
-    """γ/K = g0 + g1 / √B."""
+    """γ/K = g0 + g1 / √B.
+
+    Args:
+      batch_size: B, the global batch.
+
+    Returns:
+      γ/K.
+    """
     return self.g0 + self.g1 / math.sqrt(batch_size)
 
   def epochs(self, gamma_norm: float) -> float:
-    """e = e* + θ · γ/K."""
+    """e = e* + θ · γ/K.
+
+    Args:
+      gamma_norm: γ/K.
+
+    Returns:
+      e, epochs to the target.
+    """
     return self.e_star + self.theta * gamma_norm
 
   def predict(
@@ -237,7 +259,14 @@ def _target_runs(runs: Iterable[Sequence[float]]) -> list[TargetRun]:
 
 
 def fit_epochs(runs: Iterable[Sequence[float]]) -> tuple[float, float]:
-  """(e*, θ) of e = e* + θ · γ/K from (γ/K, epochs) of runs to the target (Eq. 6)."""
+  """(e*, θ) of e = e* + θ · γ/K from (γ/K, epochs) of runs to the target (Eq. 6).
+
+  Args:
+    runs: `TargetRun`s, or tuples of their fields; two distinct γ/K at least.
+
+  Returns:
+    (e*, θ), by least squares.
+  """
   rows = _target_runs(runs)
   return _affine(
     np.array([r.gamma_normalized for r in rows], float),
@@ -249,6 +278,12 @@ def fit_epochs(runs: Iterable[Sequence[float]]) -> tuple[float, float]:
 
 def fit_noise(profiles: Iterable[Sequence[float]]) -> tuple[float, float]:
   """(g0, g1) of γ/K = g0 + g1 / √B, over the profiles of every K (Eq. 7, the "average model").
+
+  Args:
+    profiles: `Profile`s, or tuples of their fields; two distinct B at least.
+
+  Returns:
+    (g0, g1), by least squares.
 
   Example:
     >>> rows = [(2, 16, 0.5, 0.3, 0.2, 1.0), (4, 64, 0.5, 0.3, 0.2, 0.75)]  # 0.5 + 2/√B

@@ -71,7 +71,13 @@ class NoiseMeterState(NamedTuple):
 
 
 class NoiseMeter(NamedTuple):
-  """A host-side meter of Scavenger's γ: `init()` and `update(state, worker_sq, mean_sq)`."""
+  """A host-side meter of Scavenger's γ: `init()` and `update(state, worker_sq, mean_sq)`.
+
+  Attributes:
+    init: `() -> NoiseMeterState`.
+    update: `(state, worker_sq, mean_sq) -> NoiseMeterState`, one
+      measurement of `noise_terms`.
+  """
 
   init: Callable[[], NoiseMeterState]
   update: Callable[[NoiseMeterState, float, float], NoiseMeterState]
@@ -121,8 +127,15 @@ def noise_meter(decay: float = 0.9) -> NoiseMeter:
 def gamma(state: NoiseMeterState) -> float:
   """γ = EWMA(mean_k ‖g_k‖²) / EWMA(‖ḡ‖²), >= 1 (up to rounding); see the module docstring.
 
-  Returns inf when the smoothed ‖ḡ‖² is 0 while the workers' is not, and NaN
-  when both are 0.
+  Args:
+    state: the meter's state, after one update at least.
+
+  Returns:
+    γ, a float: inf when the smoothed ‖ḡ‖² is 0 while the workers' is not,
+    and NaN when both are 0.
+
+  Raises:
+    ValueError: if nothing was measured yet.
   """
   if state.count < 1:
     raise ValueError('gamma needs at least one measurement (state.count is 0)')
@@ -132,7 +145,15 @@ def gamma(state: NoiseMeterState) -> float:
 
 
 def gamma_normalized(state: NoiseMeterState, num_workers: int) -> float:
-  """γ/K, >= 1/K (at most 1 in expectation with i.i.d. batches): what the models use."""
+  """γ/K, >= 1/K (at most 1 in expectation with i.i.d. batches): what the models use.
+
+  Args:
+    state: the meter's state.
+    num_workers: K.
+
+  Returns:
+    γ/K, a float.
+  """
   if num_workers < 1:
     raise ValueError(f'num_workers must be >= 1, got {num_workers}')
   return gamma(state) / num_workers
@@ -144,6 +165,14 @@ def simple_noise_scale(state: NoiseMeterState, num_workers: int, global_batch: i
   From per-worker batches b = B/K and the global batch B. γ ≥ K (noise
   dominates at both sizes) gives inf; γ ≤ 1 gives 0 or less; K = 1 cannot
   estimate it (NaN).
+
+  Args:
+    state: the meter's state.
+    num_workers: K.
+    global_batch: B, in examples (>= K).
+
+  Returns:
+    B_simple in examples, a float.
 
   Example:
     >>> simple_noise_scale(NoiseMeterState(3.0, 1.5, 1), 4, 128)  # γ = 2: 128 · 1 / 2

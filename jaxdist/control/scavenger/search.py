@@ -106,6 +106,12 @@ def pareto_front(table: Iterable[Prediction]) -> list[Prediction]:
   Along the front time strictly increases and cost strictly decreases; of
   equal (T, C) points the first in (time, cost, K, B) order is kept.
 
+  Args:
+    table: `Prediction`s, e.g. a search's rows.
+
+  Returns:
+    The front's `Prediction`s, by ascending time.
+
   Example:
     >>> rows = [Prediction(k, 64, 1.0, 0.5, 1.0, 1.0, t, c)
     ...         for k, t, c in [(1, 4.0, 1.0), (2, 2.0, 2.0), (3, 3.0, 2.5), (4, 1.0, 4.0)]]
@@ -125,6 +131,15 @@ def knee(front: Sequence[Prediction]) -> Prediction:
   x = time ascending, y = cost decreasing, curve convex. When kneed finds no
   knee, the argmax of its difference curve D = (1 − C) − T on the normalised
   points (ties to the faster point), with a warning.
+
+  Args:
+    front: a Pareto front, by ascending time (`pareto_front`).
+
+  Returns:
+    The knee's `Prediction` (the only point of a front of one).
+
+  Raises:
+    ValueError: if `front` is empty or not a Pareto front.
   """
   front = list(front)
   if not front:

@@ -77,6 +77,12 @@ def load_config(spec: str, **overrides: Any) -> ml_collections.ConfigDict:
       where no file of that path exists, a config file that comes with jaxdist by that
       name (`config_lib.config_path`): `load_config('digits.py:runlocal')`.
     **overrides: dotted keys to set afterwards, e.g. `**{'sync.method': 'local_sgd'}`.
+
+  Returns:
+    The config.
+
+  Raises:
+    ConfigError: if there is no such config file.
   """
   name, _, arg = spec.partition(':')
   path = config_lib.find(name)
@@ -99,6 +105,12 @@ def load_dataset(cfg: ml_collections.ConfigDict) -> data.Dataset | data.Sequence
   With `context` > 0 the dataset is text, read as tokens (`cfg.level`) and
   cut into windows (`jaxdist.data.sequences`); `test_split` is its
   validation split.
+
+  Args:
+    cfg: `config.dataset`.
+
+  Returns:
+    A `data.Dataset`, or `data.Sequences` for text.
   """
   if cfg.context:
     if cfg.level not in ('char', 'byte'):
@@ -152,7 +164,14 @@ def _check_counts(config) -> None:
 
 
 def record(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """`config` as the JSON a checkpoint's metadata and `config.json` keep."""
+  """`config` as the JSON a checkpoint's metadata and `config.json` keep.
+
+  Args:
+    config: the config.
+
+  Returns:
+    Its JSON, as Python dicts and values.
+  """
   return json.loads(config.to_json_best_effort())
 
 
@@ -184,6 +203,13 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
   """Checks `config` and `workdir` and builds the run; raises `ConfigError`.
 
   Nothing in `workdir` is created or changed here.
+
+  Args:
+    config: the run's config.
+    workdir: its directory (it may not exist yet).
+
+  Returns:
+    The `Experiment`.
   """
   try:
     if os.path.exists(workdir) and not os.path.isdir(workdir):
@@ -261,8 +287,17 @@ def _run(config, workers: runtime.Workers) -> dict[str, Any]:
 
 
 def hierarchy(config, workers: runtime.Workers) -> netmodel.Hierarchy:
-  """The devices as nodes and their simulated workers local, linked by `config.network.intra`
-  (`shared_nic`): what the ledger prices intra-node links with."""
+  """The devices as nodes and their simulated workers local, linked by `config.network.intra`.
+
+  What the ledger prices intra-node links with.
+
+  Args:
+    config: the run's config (`network.intra`, `network.shared_nic`).
+    workers: the worker layout.
+
+  Returns:
+    The `netmodel.Hierarchy`.
+  """
   try:
     return netmodel.Hierarchy(
       nodes=workers.devices,
@@ -311,7 +346,15 @@ def _num_params(model, ds: data.Dataset) -> int:
 
 
 def build_sampler(config, ds: data.Dataset) -> data.Sampler:
-  """The sampler of `config.partition`, checked on the first step's uniform batches."""
+  """The sampler of `config.partition`, checked on the first step's uniform batches.
+
+  Args:
+    config: the run's config.
+    ds: the dataset.
+
+  Returns:
+    The `data.Sampler`.
+  """
   partition = call(data.Partition, 'partition', config.partition, seed=config.seed)
   if partition.kind == 'labels' and isinstance(ds, data.Sequences):
     raise ValueError(

@@ -25,7 +25,16 @@ from jaxdist.train.factory.sections import call
 
 
 def build_optimizer(cfg: Any, steps: int, where: str = 'optimizer'):
-  """(optimizer, learning-rate schedule) of an optimizer section (`config.optimizer`)."""
+  """(optimizer, learning-rate schedule) of an optimizer section (`config.optimizer`).
+
+  Args:
+    cfg: the section.
+    steps: the run's steps (the cosine schedule's length).
+    where: the section's dotted path, for errors.
+
+  Returns:
+    (the optax optimizer, the schedule).
+  """
   cfg = ml_collections.ConfigDict(dict(cfg))
   lr = cfg.learning_rate
   if cfg.schedule == 'constant':
@@ -51,7 +60,14 @@ def build_optimizer(cfg: Any, steps: int, where: str = 'optimizer'):
 
 
 def build_compressor(cfg: ml_collections.ConfigDict) -> compress.Compressor:
-  """The compressor `cfg.name` with the arguments of its section `cfg[cfg.name]`."""
+  """The compressor `cfg.name` with the arguments of its section `cfg[cfg.name]`.
+
+  Args:
+    cfg: `config.compress`.
+
+  Returns:
+    The `compress.Compressor`.
+  """
   if cfg.name not in compress.REGISTRY or cfg.name not in cfg:
     raise ValueError(
       f'unknown compress.name {cfg.name!r}; choose one of '
@@ -139,9 +155,17 @@ def sync_transform(
 ) -> optax.GradientTransformation:
   """The transform `config.sync.method` names, built from its section.
 
-  `opt` is passed in as the first argument of a method that wraps the local
-  optimizer ('in'); `schedule`, config.optimizer's learning rate, as the
-  `learning_rate` of a method that is the whole optimizer ('own').
+  Args:
+    config: the run's config.
+    workers: the worker layout.
+    opt: the local optimizer, passed in as the first argument of a method
+      that wraps it ('in').
+    schedule: config.optimizer's learning rate, passed as the
+      `learning_rate` of a method that is the whole optimizer ('own'; None:
+      built from config.optimizer).
+
+  Returns:
+    The transform.
   """
   method = config.sync.method
   row, where = methods.get(method), f'sync.{method}'
@@ -203,10 +227,20 @@ def _split_not_exact(config) -> str:
 
 
 def per_worker(config, per_device: int, platform: str) -> str:
-  """The way the trainer's step runs a device's workers: `config.sync.per_worker`, 'auto'
-  resolved to 'mean' off the CPU where that is exact (an H100: ResNet-20, 8 simulated
-  workers at 1.09x one plain batch's samples/s, against 0.37x with `vmap`), else left to
-  make_train_step ('loop' on the CPU, where 'mean' is no faster, 'vmap' elsewhere).
+  """The way the trainer's step runs a device's workers: `config.sync.per_worker`.
+
+  'auto' is resolved to 'mean' off the CPU where that is exact (an H100:
+  ResNet-20, 8 simulated workers at 1.09x one plain batch's samples/s,
+  against 0.37x with `vmap`), else left to make_train_step ('loop' on the
+  CPU, where 'mean' is no faster, 'vmap' elsewhere).
+
+  Args:
+    config: the run's config.
+    per_device: simulated workers per device.
+    platform: the devices' platform ('cpu', 'gpu', ...).
+
+  Returns:
+    The way.
   """
   way = config.sync.per_worker
   if (
@@ -221,8 +255,16 @@ def per_worker(config, per_device: int, platform: str) -> str:
 
 
 def check_per_worker(config) -> None:
-  """`config.sync.per_worker`: a way make_train_step knows; 'shared', 'mean' and 'device'
-  where exact."""
+  """Checks `config.sync.per_worker`: a way make_train_step knows, used only where exact.
+
+  'shared', 'mean' and 'device' are exact only for some methods and settings.
+
+  Args:
+    config: the run's config.
+
+  Raises:
+    ValueError: saying why the way does not fit the config.
+  """
   way = config.sync.per_worker
   if way not in step_lib.PER_WORKER:
     raise ValueError(f'config.sync.per_worker must be {step_lib.WAYS}, got {way!r}')
@@ -261,7 +303,16 @@ def check_per_worker(config) -> None:
 def build_chain(
   config, workers: runtime.Workers
 ) -> tuple[optax.GradientTransformation | step_lib.SplitChain, Any]:
-  """The optax chain of `config.sync.method` around the local optimizer, and its schedule."""
+  """The optax chain of `config.sync.method` around the local optimizer, and its schedule.
+
+  Args:
+    config: the run's config.
+    workers: the worker layout.
+
+  Returns:
+    (the chain, or a `step.SplitChain` with per_worker='device'; the
+    learning-rate schedule).
+  """
   method = config.sync.method
   row = methods.get(method)
   opt, schedule = build_optimizer(config.optimizer, config.steps)

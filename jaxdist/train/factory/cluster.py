@@ -37,8 +37,15 @@ def _stream_rates(cfg, num_workers: int) -> tuple[float, ...]:
 def build_cluster(cfg, num_workers: int, straggles: tuple = ()) -> netmodel.Cluster | None:
   """The cluster `config.cluster` describes, or None (equal workers: no cluster model).
 
-  Injected `straggles` (`config.fault.straggle`) need the per-worker clock: with
-  them, equal workers of speed 1 if `config.cluster` describes none.
+  Args:
+    cfg: `config.cluster`.
+    num_workers: K.
+    straggles: injected `Straggle`s (`config.fault.straggle`); they need the
+      per-worker clock: with them, equal workers of speed 1 if `cfg`
+      describes none.
+
+  Returns:
+    The `netmodel.Cluster`, or None.
   """
   kwargs = dict(
     straggler_p=cfg.straggler_p,
@@ -70,7 +77,15 @@ def build_cluster(cfg, num_workers: int, straggles: tuple = ()) -> netmodel.Clus
 
 
 def waiting_rule(config, num_workers: int) -> dict[str, Any]:
-  """`WorkerClock` arguments of the method's waiting rule (see `jd.netmodel.cluster`)."""
+  """`WorkerClock` arguments of the method's waiting rule (see `jd.netmodel.cluster`).
+
+  Args:
+    config: the run's config.
+    num_workers: K.
+
+  Returns:
+    The arguments.
+  """
   method = config.sync.method
   return methods.get(method).wait(config.sync[method], num_workers)
 
@@ -86,6 +101,13 @@ def build_batching(
   Streams (`config.cluster.stream_rates`) give a `control.Streams`: with
   'stream', ScaDLES's stream-proportional batches; with 'uniform', the fixed
   B / K of the paper's baseline (every worker waits for its data).
+
+  Args:
+    config: the run's config.
+    cluster: from `build_cluster`.
+
+  Returns:
+    The controller, or None.
   """
   mode = config.batching
   if mode not in BATCHING:
@@ -141,6 +163,9 @@ def worker_clock(config, cluster: netmodel.Cluster | None, compute_s: float):
     config: the run's config (method, batch, workers).
     cluster: from `build_cluster`.
     compute_s: one worker's measured step on its batch (the compute term).
+
+  Returns:
+    The clock, or None.
   """
   if cluster is None:
     return None
@@ -149,7 +174,14 @@ def worker_clock(config, cluster: netmodel.Cluster | None, compute_s: float):
 
 
 def build_drops(config) -> tuple[inject.Drop, ...]:
-  """`config.fault.drop`, checked against the method: a dropped worker is weighted 0."""
+  """`config.fault.drop`, checked against the method: a dropped worker is weighted 0.
+
+  Args:
+    config: the run's config.
+
+  Returns:
+    The `inject.Drop`s.
+  """
   drops = inject.parse_drops(config.fault.drop, config.workers)
   if drops and config.sync.method != 'allreduce':
     raise ValueError(

@@ -15,6 +15,9 @@ def call(factory: Callable[..., Any], where: str, section: Any, **supplied: Any)
     where: the section's dotted config path, e.g. 'sync.local_sgd'.
     section: its keys and values (the factory's argument names).
     **supplied: arguments the trainer provides (axis_name, optimizers...).
+
+  Returns:
+    What the factory returns.
   """
   kwargs = dict(section or {})
   allowed = set(inspect.signature(factory).parameters) - set(supplied)
