@@ -19,7 +19,12 @@ import orbax.checkpoint as ocp
 
 
 class Checkpointer:
-  """Saves and restores (state, metadata) under `directory`."""
+  """Saves and restores (state, metadata) under `directory`.
+
+  Args:
+    directory: the checkpoints' directory (created if missing).
+    keep: how many checkpoints to keep (the oldest go).
+  """
 
   def __init__(self, directory: str, *, keep: int):
     self.directory = os.path.abspath(directory)
@@ -30,6 +35,11 @@ class Checkpointer:
     self.saved_step: int | None = None  # the step this object last saved
 
   def latest_step(self) -> int | None:
+    """The step of the latest checkpoint.
+
+    Returns:
+      The step, or None where there is none.
+    """
     return self._manager.latest_step()
 
   def save(
@@ -55,7 +65,15 @@ class Checkpointer:
     )
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
-    """State (with the shardings of `abstract_state`) and metadata of `step`."""
+    """State (with the shardings of `abstract_state`) and metadata of `step`.
+
+    Args:
+      step: the checkpoint's step.
+      abstract_state: the restore target (`abstract`).
+
+    Returns:
+      (the state, the metadata dict).
+    """
     restored = self._manager.restore(
       step,
       args=ocp.args.Composite(
@@ -65,6 +83,7 @@ class Checkpointer:
     return restored['state'], restored['meta']
 
   def wait(self) -> None:
+    """Blocks until every checkpoint started is written."""
     self._manager.wait_until_finished()
 
   def close(self) -> None:
@@ -73,7 +92,15 @@ class Checkpointer:
 
 
 def abstract(tree: Any, shardings: Any) -> Any:
-  """`ShapeDtypeStruct`s of `tree` carrying `shardings` (a restore target)."""
+  """`ShapeDtypeStruct`s of `tree` carrying `shardings` (a restore target).
+
+  Args:
+    tree: arrays or shape structs.
+    shardings: a sharding per leaf of `tree`.
+
+  Returns:
+    `tree` as `jax.ShapeDtypeStruct`s.
+  """
   return jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
   )
@@ -104,7 +131,14 @@ def read(directory: str, step: int | None = None) -> tuple[dict[str, Any], dict[
 
 
 def latest_step(directory: str) -> int | None:
-  """The step of the latest complete checkpoint in `directory`, or None; writes nothing."""
+  """The step of the latest complete checkpoint in `directory`, or None; writes nothing.
+
+  Args:
+    directory: the checkpoints' directory (it may not exist).
+
+  Returns:
+    The step, or None.
+  """
   if not os.path.isdir(directory):
     return None
   steps = ocp.path.step  # the names `Checkpointer`'s manager gives, uncommitted ones ignored
@@ -113,7 +147,15 @@ def latest_step(directory: str) -> int | None:
 
 
 def read_meta(directory: str, step: int) -> dict[str, Any]:
-  """The metadata (JSON) of checkpoint `step` in `directory`, without its state."""
+  """The metadata (JSON) of checkpoint `step` in `directory`, without its state.
+
+  Args:
+    directory: the checkpoints' directory.
+    step: the checkpoint's step.
+
+  Returns:
+    The metadata dict.
+  """
   with open(os.path.join(os.path.abspath(directory), str(step), 'meta', 'metadata')) as f:
     return json.load(f)
 
@@ -126,6 +168,13 @@ def read_control(directory: str, step: int) -> dict[str, Any]:
 
   A checkpoint written before the control item kept them in its metadata,
   the ratio controller's without its `inner` level: read from there.
+
+  Args:
+    directory: the checkpoints' directory.
+    step: the checkpoint's step.
+
+  Returns:
+    The states as JSON, by controller name.
   """
   path = os.path.join(os.path.abspath(directory), str(step), 'control', 'metadata')
   if os.path.exists(path):

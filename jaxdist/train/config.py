@@ -372,12 +372,9 @@ def fault() -> ml_collections.ConfigDict:
   Returns:
     The section, with its defaults.
   """
-  f = ml_collections.ConfigDict()
-  f.kill_at_step = 0
-  f.signal = 'SIGKILL'
-  f.straggle = ''
-  f.drop = ''
-  return f
+  return ml_collections.ConfigDict(
+    {'kill_at_step': 0, 'signal': 'SIGKILL', 'straggle': '', 'drop': ''}
+  )
 
 
 # --- override helpers for the variants files (configs/variants/<group>.py) ---------------

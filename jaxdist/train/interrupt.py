@@ -50,7 +50,11 @@ class Interrupted(KeyboardInterrupt):
     super().__init__(self.message())
 
   def message(self) -> str:
-    """The line the binaries print: where the run stopped and how to go on."""
+    """The line the binaries print: where the run stopped and how to go on.
+
+    Returns:
+      e.g. `interrupted at step 151; checkpoint saved; rerun the same command to resume`.
+    """
     if self.step == 0:
       return 'interrupted before the first step; rerun the same command to start'
     return f'interrupted at step {self.step}; checkpoint saved; rerun the same command to resume'
@@ -112,6 +116,12 @@ class Stop:
     Before a stop is asked, records that t + 1 steps may be dispatched and
     returns False; once it is asked, whether t reached the step every process
     stops at (`due`).
+
+    Args:
+      t: the steps done.
+
+    Returns:
+      Whether to stop.
     """
     with self._lock:
       if self.signum is None:
@@ -124,6 +134,12 @@ class Stop:
 
     One process: t. Several: the most steps any of them may have dispatched
     when it learnt of the stop, so that none has to go back.
+
+    Args:
+      t: this process's steps done when it asks.
+
+    Returns:
+      The step to stop at (the same on every process, and on every call).
     """
     if self._stop_at is None:
       if self._client is None:
@@ -138,6 +154,9 @@ class Stop:
 
     One process: `asked`. Several: each posts whether it was asked and reads
     the others', once per run, so that all of them go on or none does.
+
+    Returns:
+      Whether the run stops here (the same on every process).
     """
     if self._client is not None:
       me = jax.process_index()

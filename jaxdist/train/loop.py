@@ -20,7 +20,13 @@ from typing import Any
 
 @dataclasses.dataclass
 class Loop:
-  """The loop's carry: the train state after `t` steps, of `steps` to train."""
+  """The loop's carry: the train state after `t` steps, of `steps` to train.
+
+  Attributes:
+    state: the train state.
+    t: steps trained.
+    steps: steps to train in all.
+  """
 
   state: Any
   t: int
@@ -63,7 +69,16 @@ def every(period: int, action: Hook, *, last: bool = True, wait: Callable[[], bo
 
   While `wait()` is true an action that falls due waits, and runs after the
   first step at which it is false (the trainer's evaluations and checkpoints
-  wait for an exploration to be undone). `period` 0: only the last step.
+  wait for an exploration to be undone).
+
+  Args:
+    period: steps between runs (0: only the last step).
+    action: the hook to run, given the loop.
+    last: run after the last step too.
+    wait: while true, a due action waits (None: never).
+
+  Returns:
+    The hook.
   """
   due = False
 

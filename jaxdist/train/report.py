@@ -24,6 +24,14 @@ from jaxdist.train import metrics
 
 
 def human_bytes(n: float) -> str:
+  """`n` bytes in B, KiB, MiB, GiB or TiB, whichever keeps it under 1024.
+
+  Args:
+    n: bytes.
+
+  Returns:
+    e.g. '512 B' or '1.50 KiB' (TiB however large).
+  """
   for unit in ('B', 'KiB', 'MiB', 'GiB', 'TiB'):
     if abs(n) < 1024 or unit == 'TiB':
       return f'{n:.0f} {unit}' if unit == 'B' else f'{n:.2f} {unit}'
@@ -32,7 +40,15 @@ def human_bytes(n: float) -> str:
 
 
 def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Sequence[str]]) -> str:
-  """A plain-text table; `columns` are (key, heading) pairs or `columns.Column`s."""
+  """A plain-text table; `columns` are (key, heading) pairs or `columns.Column`s.
+
+  Args:
+    rows: the rows, each a dict by key (a missing key shows empty).
+    columns: the columns, in order.
+
+  Returns:
+    The table: a heading line, a rule, a line per row.
+  """
   cells = [[c[1] for c in columns]] + [[_fmt(r.get(c[0])) for c in columns] for r in rows]
   widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
   lines = [
@@ -46,14 +62,29 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Sequence[str]]) -
 
 
 def markdown(rows: Sequence[Mapping[str, Any]], columns: Sequence[Sequence[str]]) -> str:
-  """A markdown table; `columns` are (key, heading) pairs or `columns.Column`s."""
+  """A markdown table; `columns` are (key, heading) pairs or `columns.Column`s.
+
+  Args:
+    rows: the rows, each a dict by key.
+    columns: the columns, in order.
+
+  Returns:
+    The table's markdown.
+  """
   lines = ['| ' + ' | '.join(c[1] for c in columns) + ' |', '|' + '---|' * len(columns)]
   lines += ['| ' + ' | '.join(_fmt(r.get(c[0])) for c in columns) + ' |' for r in rows]
   return '\n'.join(lines)
 
 
 def provenance(command: str) -> str:
-  """One line saying which command, machine and date produced a table."""
+  """One line saying which command, machine and date produced a table.
+
+  Args:
+    command: the command line.
+
+  Returns:
+    'Command: `...`; machine: ...; date: YYYY-MM-DD.'
+  """
   machine = f'{platform.machine()} {os.cpu_count()} cores, {jax.devices()[0].device_kind}'
   date = datetime.date.today().isoformat()
   return f'Command: `{command}`; machine: {machine}; date: {date}.'
@@ -73,6 +104,10 @@ def log_scale(ax, axis: str = 'y') -> None:
   Matplotlib's default log labels (`$\\mathdefault{10^{-1}}$`) go through its
   mathtext parser, which costs about 0.2 s to build in every process and a
   parse per label: most of the time of saving a run's figure.
+
+  Args:
+    ax: a Matplotlib axes.
+    axis: 'y' or 'x'.
   """
   getattr(ax, f'set_{axis}scale')('log')
   target = ax.yaxis if axis == 'y' else ax.xaxis
@@ -81,7 +116,15 @@ def log_scale(ax, axis: str = 'y') -> None:
 
 
 def plot_curves(records: Sequence[Mapping[str, Any]], title: str = '') -> Figure:
-  """Training loss, and train/test accuracy, against step."""
+  """Training loss, and train/test accuracy, against step.
+
+  Args:
+    records: the run's per-step records.
+    title: the figure's title ('' for none).
+
+  Returns:
+    The `Figure`.
+  """
   steps = [r['step'] for r in records if 'loss' in r]
   fig = Figure(figsize=(10, 3.8))
   ax_loss, ax_acc = fig.subplots(1, 2)
@@ -106,8 +149,19 @@ def plot_curves(records: Sequence[Mapping[str, Any]], title: str = '') -> Figure
 
 
 def plot_ratios(records: Sequence[Mapping[str, Any]], network: str, title: str = '') -> Figure:
-  """A ratio controller's run: the kept fraction sent per step (crosses: ADOPT's
-  exploration steps, undone) against the step's modelled communication on `network`."""
+  """A ratio controller's run: the kept fraction sent per step, and its communication.
+
+  Crosses mark ADOPT's exploration steps (undone); the step's modelled
+  communication on `network` is drawn against the right axis.
+
+  Args:
+    records: the run's per-step records.
+    network: the profile name of the communication shown.
+    title: the figure's title.
+
+  Returns:
+    The `Figure`.
+  """
   fig = Figure(figsize=(10, 3.5))
   ax = fig.subplots()
   steps = [r['step'] for r in records]
@@ -133,6 +187,13 @@ def plot_batches(records: Sequence[Mapping[str, Any]], title: str = '') -> Figur
   Workers whose series are equal share one line, labelled with all of them
   (`workers 0–2`); the lines differ in style as well as colour, so where two
   series meet for a while both stay visible.
+
+  Args:
+    records: the run's per-step records.
+    title: the figure's title.
+
+  Returns:
+    The `Figure`.
   """
   with_batches = [r for r in records if 'batches' in r]
   timed = [r for r in with_batches if 'compute_s' in r]  # with a cluster model
@@ -172,7 +233,14 @@ def _worker_lines(ax, steps: Sequence[int], values: Sequence[Sequence[float]], w
 
 
 def workers_label(workers: Sequence[int]) -> str:
-  """'worker 3', or 'workers 0–2, 5' (runs of three or more as ranges)."""
+  """'worker 3', or 'workers 0–2, 5' (runs of three or more as ranges).
+
+  Args:
+    workers: worker indices, ascending.
+
+  Returns:
+    The label.
+  """
   if len(workers) == 1:
     return f'worker {workers[0]}'
   runs: list[list[int]] = []
@@ -186,7 +254,15 @@ def workers_label(workers: Sequence[int]) -> str:
 
 
 def save(fig: Figure, path: str) -> str:
-  """Writes `fig` as a PNG at `path`; returns the path."""
+  """Writes `fig` as a PNG at `path`; returns the path.
+
+  Args:
+    fig: the figure.
+    path: the file.
+
+  Returns:
+    `path`.
+  """
   fig.savefig(path, dpi=120)
   return path
 
@@ -293,7 +369,15 @@ def _measured(m) -> dict[str, Any]:
 
 
 def plot_job_plan(job: scavenger.JobPlan, network: str) -> Figure:
-  """Predicted cost against time: every configuration, the Pareto front, the choice, the run."""
+  """Predicted cost against time: every configuration, the Pareto front, the choice, the run.
+
+  Args:
+    job: Scavenger's plan.
+    network: the profile name of the modelled clock.
+
+  Returns:
+    The `Figure`.
+  """
   table, front, chosen, actual = job.table, job.front, job.chosen, job.actual
   fig = Figure(figsize=(6.4, 4.4))
   ax = fig.subplots()

@@ -197,6 +197,10 @@ class Evaluation:
 
   On text the loss is also given in bits (`test_bits`: per character at
   character level); the accuracy is that of the next token.
+
+  Args:
+    exp: the run.
+    log: the step log the results go into.
   """
 
   def __init__(self, exp: Experiment, log: StepLog):
@@ -206,6 +210,14 @@ class Evaluation:
     self.tokens = exp.dataset.tokens_per_example is not None
 
   def run(self, state) -> dict[str, float]:
+    """Evaluates `state` on the test split.
+
+    Args:
+      state: the train state.
+
+    Returns:
+      `test_loss` and `test_accuracy` (and `test_bits` on text).
+    """
     result = feed.evaluate(self.step, state, self.chunks)
     if self.tokens:
       result['test_bits'] = data.sequences.bits(result['test_loss'])
@@ -217,8 +229,17 @@ class Evaluation:
 
 
 def saving(ckpt: checkpoint.Checkpointer, log: StepLog, host: Host, meta: dict[str, Any]):
-  """The checkpoint hook: the log up to the step, then the train state, `meta` and the host's
-  controllers' states."""
+  """The checkpoint hook: the log up to the step, then the train state, `meta`, the controllers'.
+
+  Args:
+    ckpt: the checkpointer.
+    log: the step log, flushed first.
+    host: the host, whose controllers' states are saved.
+    meta: the metadata saved with every checkpoint.
+
+  Returns:
+    The hook.
+  """
 
   def save(loop: loop_lib.Loop) -> None:
     log.flush()
@@ -276,7 +297,15 @@ def _report(exp: Experiment, summary: dict[str, Any], records, metrics_path: str
 
 
 def curves_title(name: str, summary: dict[str, Any]) -> str:
-  """The title of a run's plots: its name (its work directory's), method, model, data, workers."""
+  """The title of a run's plots: its name (its work directory's), method, model, data, workers.
+
+  Args:
+    name: the run's name.
+    summary: its summary.
+
+  Returns:
+    The title.
+  """
   return (
     f'{name}: {summary["sync"]}, {summary["model"]} on {summary["dataset"]}, '
     f'{summary["workers"]} workers'

@@ -59,6 +59,18 @@ def trial(
   It evaluates every `eval_every` steps (at most `steps`), checkpoints at the
   end and shows no progress bar; what it prints goes nowhere (its own table
   is in `workdir`).
+
+  Args:
+    config: the job's config (not changed: a copy is trained).
+    workdir: the trial's directory.
+    num_workers: K.
+    batch_size: B, the global batch.
+    steps: steps to train.
+    eval_every: steps between evaluations.
+    fresh: remove a run there first.
+
+  Returns:
+    (the summary, the per-step records).
   """
   c = config.copy_and_resolve_references()
   c.workers, c.batch_size, c.steps = num_workers, batch_size, steps
@@ -86,6 +98,18 @@ def scavenger_measure(
   `profile_steps`. A 'target' trial also gives the first step evaluated at
   test accuracy `target` and its modelled time. With `fresh`, each trial's
   directory is emptied the first time it trains.
+
+  Args:
+    config: the job's config.
+    workdir: the trials go in its subdirectories.
+    network: the profile name of the modelled clock.
+    target: the test accuracy of the runs to the target.
+    profile_steps: the step γ/K is read at.
+    eval_every: steps between evaluations.
+    fresh: empty each trial's directory before it first trains.
+
+  Returns:
+    The `scavenger.Measure`.
   """
   trained = set()  # the trials this measure trained (fresh removes each one once)
 
@@ -145,10 +169,34 @@ def scavenger_plan(
 ) -> dict[str, Any]:
   """Plans `config`'s job by Scavenger (`control.scavenger.plan_job`) and reports it.
 
-  The arguments are experiments/plan.py's flags (its docstring); `target_runs`
-  are 'K:B' texts. Everything is checked before anything trains (a
-  `ConfigError` says what is wrong). Writes plan.md, plan.json and plan.png
-  into `workdir` (`report.write_job_plan`) and returns what plan.json holds.
+  The arguments are experiments/plan.py's flags (its docstring). Everything
+  is checked before anything trains (a `ConfigError` says what is wrong).
+  Writes plan.md, plan.json and plan.png into `workdir`
+  (`report.write_job_plan`).
+
+  Args:
+    config: the job's config.
+    workdir: the plan's directory; each run trains in a subdirectory.
+    command: the command line, for the report.
+    workers: the K of the grid.
+    batches: the global batches B of the grid, each a multiple of every K.
+    target_runs: 'K:B' runs to the target (None: the grid's corners).
+    search: 'partial' (profile the corners) or 'full' (every point).
+    profile_steps: steps of a profiling run; γ/K is read at this step.
+    target: the test accuracy to train to.
+    max_steps: steps of a run to the target.
+    eval_every: steps between evaluations.
+    epoch_noise: 'measured' or 'predicted' (`scavenger.plan_job`).
+    price: the price per worker-hour (None: config.cluster.price, or the
+      paper's).
+    network: the profile of the clock (None: the first).
+    objective: 'time', 'cost' or 'knee'.
+    caps: caps by name (max_cost, max_time_s, max_batch, min_workers,
+      max_workers); None values cap nothing.
+    fresh: train every run afresh.
+
+  Returns:
+    What plan.json holds.
   """
   workers, batches, targets = _grid(workers, batches, target_runs)
   exp = factory.build(config, workdir)

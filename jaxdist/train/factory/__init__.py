@@ -252,6 +252,12 @@ KILL_SIGNALS = ('SIGKILL', 'SIGTERM', 'SIGINT')  # what config.fault.signal may 
 def kill_signal(config) -> int:
   """The signal `config.fault.kill_at_step` sends (`config.fault.signal`: a name, SIG optional).
 
+  Args:
+    config: the run's config.
+
+  Returns:
+    The signal's number.
+
   Raises:
     ValueError: a name not in `KILL_SIGNALS`.
   """
