@@ -111,9 +111,11 @@ def notes(rows: list[dict], latency_s: dict, workers: int, latency_us: float) ->
   return out
 
 
-def plot(rows: list[dict], path: str) -> None:
+def figure(rows: list[dict]):
   """Measured against modelled communication per step, a point per run on a limited link."""
   from matplotlib.figure import Figure
+
+  from jaxdist.train import report, ticks
 
   fig = Figure(figsize=(5.5, 5))
   ax = fig.subplots()
@@ -127,9 +129,19 @@ def plot(rows: list[dict], path: str) -> None:
       ax.annotate(r['variant'], (x, y), fontsize=6, xytext=(3, 2), textcoords='offset points')
   top = max([1.0, *(1e3 * float(r['nominal']) for r in points)]) * 2
   ax.plot([0.1, top], [0.1, top], color='gray', ls='--', lw=1, label='measured = modelled')
-  ax.set(xscale='log', yscale='log', xlabel='modelled communication per step (ms)',
+  report.log_scale(ax, 'x')
+  report.log_scale(ax, 'y')
+  ax.set(xlabel='modelled communication per step (ms)',
          ylabel='measured communication per step (ms)')  # fmt: skip
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
+  ticks.space(fig)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  return fig
+
+
+def plot(rows: list[dict], path: str) -> None:
+  """`figure(rows)` as a PNG at `path`."""
+  from jaxdist.train import report
+
+  report.save(figure(rows), path)

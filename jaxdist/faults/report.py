@@ -114,21 +114,24 @@ def plot(summaries: Sequence[Mapping[str, Any]], title: str = '') -> Figure:
 
   shown = [s for s in summaries if s['recovery'] != 'none']
   names = [label(s) for s in shown]
-  bottom = [0.0] * len(shown)
+  left = [0.0] * len(shown)
   for key, part in (
     ('checkpoint_overhead', 'checkpoints'),
     ('lost_overhead', 'lost work'),
     ('recovery_overhead', 'restart + load'),
   ):
     values = [100 * s[key] for s in shown]
-    ax_o.bar(names, values, bottom=bottom, label=part)
-    bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-  for i, total in enumerate(bottom):
-    ax_o.annotate(f'{total:.2f}%', (i, total), ha='center', va='bottom', fontsize=7)
-  ax_o.set(ylabel='overhead, % of failure-free time')
-  ax_o.tick_params(axis='x', labelrotation=30, labelsize=7)
-  ax_o.legend(fontsize=7)
-  ax_o.grid(alpha=0.3, axis='y')
+    ax_o.barh(names, values, left=left, label=part)
+    left = [b + v for b, v in zip(left, values, strict=True)]
+  for i, total in enumerate(left):
+    ax_o.annotate(f' {total:.2f}%', (total, i), ha='left', va='center', fontsize=7)
+  # horizontal bars: the strategies' names read level and stay apart however narrow the panel
+  ax_o.invert_yaxis()  # the first strategy on top
+  ax_o.set(xlabel='overhead, % of failure-free time')
+  ax_o.set_xlim(0, 1.25 * max(left, default=0) or 1)  # room for the totals
+  ax_o.tick_params(axis='y', labelsize=7)
+  ax_o.legend(fontsize=7, loc='lower center', bbox_to_anchor=(0.5, 1), ncols=3, frameon=False)
+  ax_o.grid(alpha=0.3, axis='x')
   if title:
     fig.suptitle(title)
   fig.tight_layout()

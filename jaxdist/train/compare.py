@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import ml_collections
 from matplotlib.figure import Figure
 
-from jaxdist.train import columns, factory, ledger, metrics, report, resume, trials
+from jaxdist.train import columns, factory, ledger, metrics, report, resume, ticks, trials
 from jaxdist.train import config as config_lib
 from jaxdist.train.columns import Column
 
@@ -483,5 +483,6 @@ def plot(runs: Mapping[str, Run], networks: Sequence[str], title: str = '') -> F
     ax.legend(loc='upper right' if metric == 'test_loss' else 'lower right', fontsize='small')
   if title:
     fig.suptitle(title)
+  ticks.space(fig)
   fig.tight_layout()
   return fig
