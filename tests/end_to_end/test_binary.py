@@ -120,7 +120,8 @@ def test_killed_or_preempted_and_resumed_equals_straight_run(straight_run, tmp_p
   assert logged == list(range(1, 13))  # under SIGKILL steps 11, 12 are logged, not checkpointed
   assert checkpoint.read(os.path.join(crashed, 'checkpoints'))[1]['step'] == saved
 
-  proc = run_binary(crashed, data_dir, *COMMON, *fault)  # the same command: step 12 is past
+  again = fault if signum == signal.SIGTERM else []  # the same command, resumed past step 12
+  proc = run_binary(crashed, data_dir, *COMMON, *again)
   assert f'resumed from step {saved} of 20' in proc.stdout, proc.stdout[-2000:]
   want = metrics.read_jsonl(os.path.join(straight_run, 'metrics.jsonl'))
   got = metrics.read_jsonl(os.path.join(crashed, 'metrics.jsonl'))
@@ -243,6 +244,13 @@ def test_compare_binary_trains_variants_into_one_table(tmp_path, data_dir):
   assert (tmp_path / 'compare.png').stat().st_size > 10_000
   assert 'time to' in proc.stdout and '@1gbps' in proc.stdout
   assert 'Per run:' in proc.stdout and '\n  time to A @NET: modelled seconds' in proc.stdout
+  # the console: a result line per variant, then the tables and their legend, once
+  lines = proc.stdout.splitlines()
+  result = r'dense     20 steps  test acc 0\.\d{4}  sent 1\.01 MiB/worker/step  [\d.]+ s'
+  assert re.fullmatch(result, lines[0]), lines[:3]
+  assert lines[1].startswith('topk1_ef  20 steps  test acc '), lines[:3]
+  assert [proc.stdout.count(s) for s in ('Per run:', 'Per step', 'Columns:')] == [1, 1, 1]
+  assert len([line for line in lines if line.strip()]) < 40, proc.stdout
   assert not INFO_LINE.search(proc.stderr), proc.stderr[-3000:]
   for name in ('dense', 'topk1_ef'):
     assert (tmp_path / name / 'metrics.jsonl').exists()
@@ -400,11 +408,16 @@ def test_host_controllers_resume_after_sigkill(tmp_path, data_dir, controller):
 @pytest.mark.parametrize('method, option', [('allreduce', ''), ('diloco', 'diloco.period=4')])
 def test_shakespeare_gpt_runlocal_trains_a_language_model(tmp_path, data_dir, method, option):
   extra = [f'--config.sync.{option}'] if option else []
-  run_binary(
+  proc = run_binary(
     tmp_path, data_dir, f'--config.sync.method={method}', *extra,
     config='configs/shakespeare_gpt.py:runlocal,workers=4',
   )  # fmt: skip
   summary = json.loads((tmp_path / 'summary.json').read_text())
+  # the console gives the task's metric: the validation loss in nats and bits per character
+  line = f'val loss {summary["test_loss"]:.4f} nats, {summary["test_bits"]:.4f} bits/char'
+  assert line in proc.stdout.splitlines()[0], proc.stdout[:500]
+  assert ' val loss ' in proc.stdout and ' bits/char ' in proc.stdout  # the per-run table
+  assert 'test acc' not in proc.stdout, proc.stdout
   assert summary['model'] == 'gpt' and summary['dataset'] == 'shakespeare'
   assert summary['unit'] == 'char' and summary['tokens_per_s'] > 0
   # 20 steps from uniform guessing over 84 characters (ln 84 = 4.43 nats) must learn something
