@@ -13,7 +13,11 @@ comparison:
   relative error against the float64 mean. Cases: every worker at 16,384 or
   20,000; a 4,096-element gradient whose first 1,024 elements are in a large
   regime (±10,000 to 30,000, the sign shared by the workers, every input
-  finite in float16) and the rest N(0, 0.01²); and a small one, N(0, 1e-7²).
+  finite in float16) and the rest N(0, 0.01²); a small one, N(0, 1e-7²); and
+  a wide regime, the large regime's first 1,024 beside N(0, 1e-6²), which
+  float16 holds only with a scale of its own. For the two regimes, also each
+  segment's RMS error relative to the RMS of its float64 mean: the large
+  segment and the tiny one beside it.
 - powersgd: `jd.sync.powersgd` and `powerSGD_hook` at each --ranks, with
   warm start and error feedback, on the gradients of the digits CNN's first
   dense kernel (1,024 x 128) after 150 steps of dense SGD (`cnn_gradients`),
@@ -69,13 +73,19 @@ def rel(a, b):
   return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+LARGE = 1024  # the regimes' first elements, ±10,000 to 30,000; then 3,072 tiny ones
+REGIMES = ('large regime', 'wide regime')
+
+
 def fp16_inputs(workers, rng):
-  big = rng.uniform(10_000, 30_000, (workers, 1024)) * rng.choice([-1, 1], 1024)
+  big = rng.uniform(10_000, 30_000, (workers, LARGE)) * rng.choice([-1, 1], LARGE)
+  tiny = rng.normal(0, 1e-2, (workers, 4096 - LARGE))
   return {
     f'{workers} x 16,384': np.full((workers, 1024), 16384.0, np.float32),
     f'{workers} x 20,000': np.full((workers, 1024), 20000.0, np.float32),
-    'large regime': np.concatenate([big, rng.normal(0, 1e-2, (workers, 3072))], 1).astype('f4'),
+    'large regime': np.concatenate([big, tiny], 1).astype(np.float32),
     'small, N(0, 1e-7²)': rng.normal(0, 1e-7, (workers, 4096)).astype(np.float32),
+    'wide regime': np.concatenate([big, tiny * 1e-4], 1).astype(np.float32),
   }
 
 
@@ -105,6 +115,23 @@ def fp16_report(inputs, sides):
       mean = means[name].astype(np.float64)
       inf = f'{np.isinf(mean).sum():,} of {mean.size:,}'
       lines.append(f'{name:20} | {side:7} | {inf:15} | {rel(mean, exact):.2e}')
+  size = inputs[REGIMES[0]].shape[1] - LARGE
+  lines += [
+    '',
+    'by segment: RMS error / RMS of the float64 mean (inf: elements)',
+    f'case         | side    | large (first {LARGE:,}) | inf | tiny (last {size:,}) | inf',
+  ]
+  for name in REGIMES:
+    exact = inputs[name].astype(np.float64).mean(0)
+    for side, means in sides.items():
+      mean = means[name].astype(np.float64)
+      cells = []
+      for part in (slice(None, LARGE), slice(LARGE, None)):
+        cells += [f'{rel(mean[part], exact[part]):.2e}', f'{np.isinf(mean[part]).sum():,}']
+      large, large_inf, tiny, tiny_inf = cells
+      lines.append(
+        f'{name:12} | {side:7} | {large:>19} | {large_inf:>3} | {tiny:>18} | {tiny_inf:>3}'
+      )
   return lines
 
 

@@ -38,8 +38,10 @@ class Compressor:
   stochastic: ClassVar[bool] = False  # encode uses its key
   shared_randomness: ClassVar[bool] = False  # every worker must use the same key
   # the narrow float dtype a payload rounds to (casts): compressed_allreduce then scales each
-  # vector by a power of two that every worker shares, so that it fits (None: no scale)
+  # block of `scale_block` elements by a power of two that every worker shares, so that it
+  # fits (None: no scale)
   narrow_dtype: ClassVar[Any] = None
+  scale_block: ClassVar[int | None] = None  # elements per shared scale; None: one per vector
 
   def check(self, n: int) -> None:
     """Raises ValueError if the compressor cannot handle vectors of length n.

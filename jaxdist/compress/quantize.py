@@ -119,21 +119,36 @@ class Cast(Compressor):
   Values are clipped to the format's finite range first, so a large gradient
   saturates instead of becoming inf. float8 sums are not taken on the wire (an
   all-reduce in 8 bits loses too much); they are gathered and summed in float32.
-  `compressed_allreduce` multiplies each vector by a power of two that every
-  worker shares before the cast (`narrow_dtype`), so that the clip is never
-  reached, N payloads summed on the wire cannot overflow, and small gradients
-  are not flushed to zero for being small.
+
+  `compressed_allreduce` multiplies each block of `block_size` elements by a
+  power of two that every worker shares before the cast (`narrow_dtype`,
+  `scale_block`), so that the clip is never reached, N payloads summed on the
+  wire cannot overflow, and small gradients are not flushed to zero for being
+  small, nor for sharing a vector with large ones: only what lies about the
+  format's span below its own block's largest element is lost. The workers
+  agree on the scales with one all-reduce of an int8 exponent per block.
 
   Attributes:
     dtype: 'bfloat16', 'float16', 'float8_e4m3fn' or 'float8_e5m2'.
+    block_size: elements per shared scale under `compressed_allreduce`
+      (None: one scale per vector). The default, 256 (the block of
+      `jaxdist.sync.quantized_allreduce`), costs one byte per 256 elements:
+      0.2% of a float16 payload, 0.4% of a float8 one. Smaller blocks buy
+      little for float16, whose elements are lost only some 2^36 below their
+      block's largest (8 workers on an all-reduce); more for float8, whose
+      span is 2^17.8 (e4m3fn) or 2^31.8 (e5m2).
   """
 
   dtype: str = 'bfloat16'
+  block_size: int | None = 256
   name: ClassVar[str] = 'cast'
 
   def __post_init__(self):
     if self.dtype not in _CASTS:
       raise ValueError(f'dtype must be one of {sorted(_CASTS)}, got {self.dtype!r}')
+    size = self.block_size
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+      raise ValueError(f'block_size must be an int >= 1 or None, got {size!r}')
 
   @property
   def summable(self) -> bool:  # type: ignore[override]
@@ -142,6 +157,10 @@ class Cast(Compressor):
   @property
   def narrow_dtype(self):  # type: ignore[override]
     return _CASTS[self.dtype][0]
+
+  @property
+  def scale_block(self) -> int | None:  # type: ignore[override]
+    return self.block_size
 
   def encode(self, x, state, key):
     del key

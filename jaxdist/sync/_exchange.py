@@ -9,12 +9,15 @@ across and returns the mean over workers with what each kept back.
 The collectives (see `jaxdist.sync.compressed`): `allgather` gathers every
 worker's payload, decodes and averages; `allreduce` sums summable payloads on
 the wire, and for sparsifiers is AR-compatible Top-k (the leader's indices,
-every worker's values at them). A narrow float cast first scales each vector
-by a power of two all workers share (`_shared_scales`, `_room`).
+every worker's values at them). A narrow float cast first scales each block
+of a vector (`Compressor.scale_block` elements) by a power of two all workers
+share, agreed by an all-reduce of one int8 exponent per block
+(`_shared_exponents`, `_room`).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import NamedTuple
 
@@ -23,8 +26,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxdist import comm
-from jaxdist.compress.base import Compressor
+from jaxdist.compress.base import Compressor, buckets
 from jaxdist.compress.sparsify import scatter, take
+
+_NO_BOUND = 127  # a block of zeros' exponent before the all-reduce: any scale would do
 
 
 class Exchange(NamedTuple):
@@ -53,9 +58,9 @@ def transfers(ex: Exchange, groups: tuple[int, ...], leader: str) -> list[comm.T
   if c is None:
     return [zero(comm.ALL_REDUCE, 4 * sum(groups))]
   wire = sum(c.wire_bytes(n) for n in groups)
-  scale = []  # a narrow float cast's shared scales: a float32 maximum per group, all-reduced first
+  scale = []  # a narrow float cast's shared scales: an int8 exponent per block, all-reduced first
   if c.narrow_dtype is not None and groups:
-    scale = [zero(comm.ALL_REDUCE, 4 * len(groups))]
+    scale = [zero(comm.ALL_REDUCE, sum(_num_blocks(m, c.scale_block) for m in groups))]
   if ex.collective == 'allgather':
     return [*scale, zero(comm.ALL_GATHER, wire)]
   if not c.sparse:
@@ -99,14 +104,15 @@ def _compressed(c, collective, wanted, cstates, keys, axis_name, n, leader, coun
   """Per group: (mean over workers, (kept back, ‖sent‖²), sent mask, new compressor states)."""
   sizes = [w.size for w in wanted]
   narrow = c.narrow_dtype is not None and wanted  # a cast, of at least one vector
-  scales = _shared_scales(c, wanted, collective, axis_name, n) if narrow else None
-  inputs = wanted if scales is None else [w * s for w, s in zip(wanted, scales, strict=True)]
+  exponents = _shared_exponents(c, wanted, collective, axis_name, n) if narrow else None
+  scaled = lambda x, g, sign: _times_power_of_two(x, sign * exponents[g], c.scale_block)
+  inputs = wanted if exponents is None else [scaled(w, g, 1) for g, w in enumerate(wanted)]
   encoded = [c.encode(w, s, k) for w, s, k in zip(inputs, cstates, keys, strict=True)]
   payloads = tuple(p for p, _ in encoded)
   new_states = tuple(s for _, s in encoded)
 
   if not c.sparse:
-    unscale = (lambda x, g: x) if scales is None else (lambda x, g: x / scales[g])
+    unscale = (lambda x, g: x) if exponents is None else (lambda x, g: scaled(x, g, -1))
     per_group = lambda decode, arrays: tuple(
       unscale(decode(arrays[g], new_states[g], sizes[g]), g) for g in range(len(sizes))
     )
@@ -143,23 +149,50 @@ def _compressed(c, collective, wanted, cstates, keys, axis_name, n, leader, coun
   return mean, _kept_back_sparse(wanted, sent), mask, new_states
 
 
-def _shared_scales(c: Compressor, wanted, collective: str, axis_name, n: int) -> jax.Array:
-  """[groups] float32: per group, the power of two s every worker multiplies by before a cast.
+def _shared_exponents(c: Compressor, wanted, collective: str, axis_name, n: int) -> list[jax.Array]:
+  """Per group, [blocks] int32: e of the power of two 2^e every worker scales a block by.
 
-  s is the largest power of two with s · max_n ‖w_n‖_∞ ≤ `_room`; the maximum
-  over workers is one all-reduce of a float32 per group. Non-finite elements
-  are left out of the maximum (they stay what they are); s is 1 for a group
-  of zeros, and in [2^-126, 2^126] (both normal floats) otherwise. Found from
-  the exponents (`frexp`), so no quotient overflows (bfloat16's range is
-  float32's).
+  A block is `c.scale_block` elements of the vector (the last one shorter;
+  None: the whole vector). e is the largest with 2^e · max_n ‖block_n‖_∞ ≤
+  `_room`, in [-126, 126] (2^e and 2^-e normal floats), and 0 for a block of
+  zeros. Non-finite elements are left out of the maximum (they stay what
+  they are). Each worker finds the largest e for its own blocks, from the
+  exponents of their maxima (`frexp`, so no quotient overflows: bfloat16's
+  range is float32's); the bound decreases as the maximum grows, so the
+  smallest of the workers' is the one for the largest maximum: one
+  all-reduce of an int8 per block (the maximum of −e; 127, "no bound", for
+  a block of zeros).
   """
-  amax_G = jnp.stack([jnp.max(jnp.where(jnp.isfinite(w), jnp.abs(w), 0.0)) for w in wanted])
-  amax_G, _ = comm.pmax(amax_G, axis_name)
   room_mantissa, room_exponent = math.frexp(_room(c.narrow_dtype, collective, n))  # m·2^e
-  mantissa_G, exponent_G = jnp.frexp(amax_G)
-  exponent_G = room_exponent - exponent_G - (mantissa_G > room_mantissa).astype(jnp.int32)
-  s_G = jnp.ldexp(jnp.float32(1.0), jnp.clip(exponent_G, -126, 126))
-  return jnp.where(amax_G > 0, s_G, 1.0)
+  mine = []
+  for w in wanted:
+    amax_K = jnp.max(buckets(jnp.where(jnp.isfinite(w), jnp.abs(w), 0.0), c.scale_block), axis=1)
+    mantissa_K, exponent_K = jnp.frexp(amax_K)
+    e_K = room_exponent - exponent_K - (mantissa_K > room_mantissa).astype(jnp.int32)
+    mine.append(jnp.where(amax_K > 0, jnp.clip(e_K, -126, 126), _NO_BOUND))
+  minus_e, _ = comm.pmax(-jnp.concatenate(mine).astype(jnp.int8), axis_name)
+  e = -minus_e.astype(jnp.int32)
+  e = jnp.where(e == _NO_BOUND, 0, e)
+  ends = itertools.accumulate(x.size for x in mine)
+  return [e[end - x.size : end] for x, end in zip(mine, ends, strict=True)]
+
+
+def _num_blocks(size: int, block: int | None) -> int:
+  """Blocks of `block` elements in a vector of `size` (`buckets`): one if `block` is None."""
+  return 1 if block is None else -(-size // block)
+
+
+def _times_power_of_two(x_N: jax.Array, e_K: jax.Array, block: int | None) -> jax.Array:
+  """x · 2^e, with e_K per block of `block` elements of x (None: one block); e in [-126, 126].
+
+  2^e is written as float32 bits (biased exponent e + 127, mantissa 0): `jnp.ldexp`'s
+  arithmetic, fused into the element loop, would run once per element.
+  """
+  s_K = lax.bitcast_convert_type((e_K + 127) << 23, jnp.float32)
+  if block is None or block >= x_N.size:
+    return x_N * s_K
+  s_N = jnp.broadcast_to(s_K[:, None], (s_K.size, block)).reshape(-1)[: x_N.size]
+  return x_N * s_N
 
 
 def _room(dtype, collective: str, n: int) -> float:

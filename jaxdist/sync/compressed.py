@@ -18,19 +18,21 @@ workers of the compressed gradients, with one of these collectives:
 Error feedback keeps, per worker, what the worker did not get across (its
 input minus its own decoded contribution) and adds it to the next gradient.
 
-Casts to a narrow float (bf16, fp16, fp8) scale each vector first by a power
-of two s that every worker shares: the largest that puts max_n ‖w_n‖_∞ at the
-top of the format, with room on an all-reduce for a sum of N payloads in the
-format itself (`_exchange._room`: N rounded up to a power of two, times 2 for the
-additions' rounding). One all-reduce of a float32 maximum per vector agrees
-on s; the payload then crosses in the narrow format, and on an all-reduce is
-summed in it (as PyTorch's fp16/bf16 hooks sum theirs, one rounding per
-addition). So no sum overflows where every input was finite in the format,
-and a gradient is not flushed to zero for being small in absolute terms: what
-goes (to subnormal precision, then to zero) is what lies about the format's
-span below the vector's largest element (float16: 2^40, over the room's
-divisor on an all-reduce: 2^36 for 8 workers; float8_e4m3fn 2^17.8,
-float8_e5m2 2^31.8); error feedback keeps it for later.
+Casts to a narrow float (bf16, fp16, fp8) scale each block of a vector first
+(`cast(..., block_size=256)` elements; None: the whole vector) by a power of
+two s that every worker shares: the largest that puts the block's max_n
+‖w_n‖_∞ at the top of the format, with room on an all-reduce for a sum of N
+payloads in the format itself (`_exchange._room`: N rounded up to a power of
+two, times 2 for the additions' rounding). One all-reduce of an int8 exponent
+per block agrees on the scales (1 byte per 256 elements by default); the
+payload then crosses in the narrow format, and on an all-reduce is summed in
+it (as PyTorch's fp16/bf16 hooks sum theirs, one rounding per addition). So no
+sum overflows where every input was finite in the format, and a gradient is
+not flushed to zero for being small in absolute terms, nor for sharing its
+vector with large ones: what goes (to subnormal precision, then to zero) is
+what lies about the format's span below its own block's largest element
+(float16: 2^40, over the room's divisor on an all-reduce: 2^36 for 8 workers;
+float8_e4m3fn 2^17.8, float8_e5m2 2^31.8); error feedback keeps it for later.
 PyTorch's `fp16_compress_hook` divides by N before its float16 all-reduce
 instead: no overflow either, but every element moves log2 N binades toward
 the subnormals, so with 64 workers an element below 1.9e-6 is lost whatever

@@ -230,7 +230,7 @@ def compress() -> ml_collections.ConfigDict:
   c.ef_sign = dict(bucket_size=_int())
   c.onebit = dict(bucket_size=_int())
   c.twobit = dict(threshold=0.5)
-  c.cast = dict(dtype='bfloat16')  # bfloat16 | float16 | float8_e4m3fn | float8_e5m2
+  c.cast = dict(dtype='bfloat16', block_size=256)  # dtype: bfloat16, float16, float8_e4m3fn/e5m2
   return c
 
 

@@ -158,10 +158,10 @@ def test_error_feedback_conserves_mass(compressor, collective):
       np.testing.assert_allclose(W * si + ni.sum(0), (gi + oi).sum(0), **tol)
 
 
-def cast_step(dtype, collective, grads_WxD):
+def cast_step(dtype, collective, grads_WxD, **cast_kw):
   """One step of compressed_allreduce(cast(dtype)) without error feedback: (means, its HLO)."""
   tx = jd.sync.compressed_allreduce(
-    C.cast(dtype), axis_name=runtime.AXES, collective=collective, error_feedback=False
+    C.cast(dtype, **cast_kw), axis_name=runtime.AXES, collective=collective, error_feedback=False
   )
   workers = grads_WxD.shape[0]
   run = testing.Run(tx, {'x': jnp.zeros(grads_WxD.shape[1:])}, workers=workers, devices=workers)
@@ -256,14 +256,144 @@ def test_cast_room_by_hand(dtype, collective, workers, room):
   assert jd.sync._exchange._room(jnp.dtype(dtype), collective, workers) == room
 
 
-def test_cast_all_reduce_sends_float16_and_one_float32_scale():
-  """What crosses for float16 on an all-reduce: the payload in f16, and a f32 max per vector."""
+@pytest.mark.parametrize('block_size, blocks', [(256, 4), (100, 10), (1000, 1), (None, 1)])
+def test_cast_all_reduce_sends_float16_and_an_int8_exponent_per_block(block_size, blocks):
+  """What crosses for float16 on an all-reduce: the payload in f16, an s8 per block first."""
   g = np.random.default_rng(0).standard_normal((8, 1000)).astype(np.float32)
-  _, found = cast_step('float16', 'allreduce', g)
+  _, found = cast_step('float16', 'allreduce', g, block_size=block_size)
   assert sorted((c.kind, c.dtypes, c.nbytes) for c in found) == [
     ('all-reduce', ('f16',), 2 * 1000),
-    ('all-reduce', ('f32',), 4),
+    ('all-reduce', ('s8',), blocks),
   ]
+
+
+# Two workers, float16 on an all-reduce, blocks of 4: room 65,504 / 4 = 16,376 = 0.9995 · 2^14
+# (`test_cast_room_by_hand`); a block's exponent e is the largest with 2^e · its max ≤ room.
+HAND_WxD = np.array(
+  [
+    [1000, -3000, 20000, 5, 3 * 2.0**-30, 2.0**-26, -5 * 2.0**-30, 0, 0, 0, 0, 0],
+    [3000, 100, -7000, 0.5, 2.0**-30, -3 * 2.0**-27, 7 * 2.0**-31, 0, 0, 0, 0, 0],
+  ],
+  np.float32,
+)
+
+
+def shared_exponents(grads_WxD, block_size, dtype='float16', collective='allreduce'):
+  """`_exchange._shared_exponents` of each worker's vector under a vmap of the workers."""
+  c = C.cast(dtype, block_size=block_size)
+  workers = grads_WxD.shape[0]
+  one = lambda w: jd.sync._exchange._shared_exponents(c, [w], collective, 'i', workers)[0]
+  return np.asarray(jax.vmap(one, axis_name='i')(jnp.asarray(grads_WxD)))
+
+
+def test_cast_block_exponents_by_hand():
+  """Block 0's max is 20,000 = 0.61 · 2^15: e = 14 − 15 = −1 (10,000 ≤ room < 20,000). Block
+  1's is 3 · 2^-27 = 0.75 · 2^-25: e = 14 + 25 = 39 (12,288 ≤ room < 24,576). Block 2 is
+  zeros: 0. Block 3 (inf and NaN left out; finite max 3 = 0.75 · 2^2): e = 12. One block for
+  the vector: its max, 20,000, gives −1."""
+  g = np.concatenate([HAND_WxD, [[np.inf, 1, np.nan, 0.5], [2, -3, 0, 0]]], axis=1)
+  g = g.astype(np.float32)
+  np.testing.assert_array_equal(shared_exponents(g, 4), [[-1, 39, 0, 12]] * 2)
+  np.testing.assert_array_equal(shared_exponents(g, None), [[-1]] * 2)
+
+
+def test_cast_blocks_mean_by_hand():
+  """HAND_WxD scaled by 2^-1 and 2^39 per block: integers below 2^11 times powers of two, as
+  are their sums, so float16 holds every one and the mean is exact. One scale for the vector
+  (2^-1) leaves block 1 below half float16's smallest subnormal (3 · 2^-31 < 2^-25): zeros."""
+  means, _ = cast_step('float16', 'allreduce', HAND_WxD, block_size=4)
+  block_0 = [2000, -1450, 6500, 2.75]
+  block_1 = [2.0**-29, -(2.0**-28), -0.75 * 2.0**-30, 0]
+  np.testing.assert_array_equal(means, [[*block_0, *block_1, 0, 0, 0, 0]] * 2)
+  np.testing.assert_array_equal(means, HAND_WxD.astype(np.float64).mean(0, keepdims=True)[[0, 0]])
+  one_scale, _ = cast_step('float16', 'allreduce', HAND_WxD, block_size=None)
+  np.testing.assert_array_equal(one_scale[:, 4:], 0.0)
+
+
+@pytest.mark.parametrize('collective', ['allreduce', 'allgather'])
+def test_cast_one_block_or_equal_blocks_is_one_scale_per_vector(collective):
+  """A vector within one block, or of blocks with equal maxima: the blocks' exponents are the
+  vector's, so the mean is bitwise what one scale per vector (block_size=None) gives."""
+  rng = np.random.default_rng(1)
+  short = rng.standard_normal((4, 200)).astype(np.float32) * 1000
+  for_blocks, _ = cast_step('float16', collective, short)  # 200 <= 256: one block
+  for_vector, _ = cast_step('float16', collective, short, block_size=None)
+  np.testing.assert_array_equal(for_blocks, for_vector)
+  equal = np.full((4, 1024), 20000.0, np.float32)
+  equal[1::2, :] = -4000.0  # the second and fourth workers; every block's max still 20,000
+  for_blocks, _ = cast_step('float16', collective, equal, block_size=128)
+  for_vector, _ = cast_step('float16', collective, equal, block_size=None)
+  np.testing.assert_array_equal(for_blocks, for_vector)
+  np.testing.assert_array_equal(for_blocks, (20000.0 - 4000.0) / 2)  # float16 sums: exact
+
+
+@pytest.mark.parametrize('workers', [4, 8])
+def test_cast_tiny_block_beside_a_huge_one_keeps_float16_precision(workers):
+  """1,024 elements of ±20,000 to 30,000, then 3,072 of ±1e-6 to 2e-6, float16 all-reduce.
+
+  Every element of the mean is within N roundings of u = 2^-11 of the mean of the inputs'
+  magnitudes (one cast per worker, N − 1 float16 additions): the tiny blocks get their own
+  scale. One scale for the vector puts them at 2^-2 (4 workers) or 2^-3 of their size, in
+  float16's subnormals (spacing 2^-24 = 6e-8), some 1e-2 off or more (checked too)."""
+  rng = np.random.default_rng(7)
+  big = rng.uniform(20_000, 30_000, (workers, 1024)) * rng.choice([-1, 1], (workers, 1024))
+  tiny = rng.uniform(1e-6, 2e-6, (workers, 3072)) * rng.choice([-1, 1], (workers, 3072))
+  g = np.concatenate([big, tiny], axis=1).astype(np.float32)
+  g64 = g.astype(np.float64)
+  exact, scale = g64.mean(0), np.abs(g64).mean(0)
+  u = 2.0**-11
+  means, _ = cast_step('float16', 'allreduce', g)
+  err = np.max(np.abs(means[0] - exact) / scale)
+  assert err <= workers * u, f'{err:.2e} of the mean magnitude, bound {workers * u:.2e}'
+  one_scale, _ = cast_step('float16', 'allreduce', g, block_size=None)
+  err_tiny = np.max(np.abs(one_scale[0, 1024:] - exact[1024:]) / scale[1024:])
+  assert err_tiny >= 1e-2, f'one scale per vector: {err_tiny:.2e}'
+
+
+@pytest.mark.parametrize('workers', [4, 8])
+@pytest.mark.parametrize('collective', ['allreduce', 'allgather'])
+def test_cast_blocks_at_the_top_of_float16_give_a_finite_mean(workers, collective):
+  """Blocks of 20,000, of 65,504 (float16's largest), of −65,504, of 16,384 and of values
+  within 1% of 65,504 beside a block of 1e-3: every sum of N overflows float16 unscaled. The
+  mean is finite and within N roundings of u of the largest value of each block."""
+  rng = np.random.default_rng(3)
+  columns = [
+    np.full(256, 20000.0), np.full(256, 65504.0), np.full(256, -65504.0),
+    np.full(256, 16384.0), rng.uniform(0.99, 1.0, 256) * 65504.0, np.full(256, 1e-3),
+  ]  # fmt: skip
+  g = np.broadcast_to(np.concatenate(columns), (workers, 256 * len(columns))).astype(np.float32)
+  means, _ = cast_step('float16', collective, g)
+  assert np.isfinite(means).all(), np.count_nonzero(~np.isfinite(means))
+  exact = g.astype(np.float64).mean(0)
+  block_max = np.repeat(np.abs(exact).reshape(-1, 256).max(1), 256)
+  u = 2.0**-11
+  roundings = workers if collective == 'allreduce' else 1.001
+  err = np.max(np.abs(means[0] - exact) / block_max)
+  assert err <= roundings * u, f'{err:.2e} of the block maximum'
+
+
+def test_cast_wire_of_unfused_blocks_by_hand():
+  """conv 288, dense 320, bias 10 in blocks of 100: 3 + 4 + 1 exponents of one byte, in one
+  all-reduce before the float16 payloads (2 bytes an element); the HLO sends the same."""
+  tx = jd.sync.compressed_allreduce(
+    C.cast('float16', block_size=100), axis_name=runtime.AXES, collective='allreduce',
+    fused=False,
+  )  # fmt: skip
+  run = make_run(tx)
+  assert wire_of(run) == [(AR, 3 + 4 + 1, None), (AR, 2 * 618, None)]
+  found = lowered_collectives(run, worker_grads())
+  assert sorted((c.kind, c.dtypes, c.nbytes) for c in found) == [
+    ('all-reduce', ('f16',), 2 * 10),  # one per vector of the payload's tuple
+    ('all-reduce', ('f16',), 2 * 288),
+    ('all-reduce', ('f16',), 2 * 320),
+    ('all-reduce', ('s8',), 8),
+  ]
+
+
+@pytest.mark.parametrize('size', [0, -4, 2.5, True, '256'])
+def test_cast_block_size_must_be_a_positive_int_or_none(size):
+  with pytest.raises(ValueError, match=f'block_size must be an int >= 1 or None, got {size!r}'):
+    C.cast('float16', block_size=size)
 
 
 def test_topk_residual_is_what_was_not_sent():
@@ -402,11 +532,15 @@ def bytes_by_kind(records):
     (C.terngrad(), 'allgather', {}, {'f32', 'u8'}),
     (C.sign(), 'allgather', {}, {'u8'}),
     (C.onebit(), 'allgather', {}, {'f32', 'u8'}),
-    (C.cast('bfloat16'), 'allreduce', {}, {'bf16', 'f32'}),  # f32: the shared scale's max
-    (C.cast('float16'), 'allreduce', {}, {'f16', 'f32'}),
-    (C.cast('float16'), 'allreduce', {'fused': False}, {'f16', 'f32'}),
+    (C.cast('bfloat16'), 'allreduce', {}, {'bf16', 's8'}),  # s8: the blocks' shared exponents
+    (C.cast('float16'), 'allreduce', {}, {'f16', 's8'}),
+    (C.cast('float16'), 'allreduce', {'fused': False}, {'f16', 's8'}),
+    (C.cast('float16', block_size=100), 'allreduce', {'fused': False}, {'f16', 's8'}),
+    (C.cast('float16', block_size=None), 'allreduce', {}, {'f16', 's8'}),
     (C.cast('float16'), 'allreduce', {'min_size': 10**6}, {'f32'}),  # all dense: no scale
-    (C.cast('float8_e4m3fn'), 'allgather', {}, {'f8e4m3fn', 'f32'}),
+    (C.cast('float16'), 'allreduce', {'min_size': 100}, {'f16', 's8', 'f32'}),
+    (C.cast('float8_e4m3fn'), 'allgather', {}, {'f8e4m3fn', 's8'}),
+    (C.cast('float8_e5m2', block_size=64), 'allgather', {}, {'f8e5m2', 's8'}),
     (C.powersgd(rank=2), 'allreduce', {}, {'f32'}),
     (C.topk(ratio=0.05), 'allgather', {'min_size': 50}, {'f32', 's32'}),
   ],
@@ -928,8 +1062,8 @@ def test_wire_of_auto_for_a_summable_cast_by_hand():
   tx = jd.sync.compressed_allreduce(
     C.cast(dtype='float16'), axis_name=runtime.AXES, collective='auto'
   )
-  run = make_run(tx)  # summable: all-reduce first; each after the 4-byte all-reduce of its scale
-  want = [(AR, 4, None), (AR, 2 * 618, None), (AR, 4, None), (AG, 2 * 618, None)]
+  run = make_run(tx)  # summable: all-reduce first; each after the all-reduce of its exponents,
+  want = [(AR, 3, None), (AR, 2 * 618, None), (AR, 3, None), (AG, 2 * 618, None)]  # ⌈618/256⌉
   assert wire_of(run) == want
   run(worker_grads())
   assert run.history[-1] in (ran(want, {0, 1}), ran(want, {2, 3}))
