@@ -80,8 +80,8 @@ jd.runtime.cpu_devices(8)  # 8 CPU devices, before JAX starts
 # ## Training
 #
 # `runlocal` is the CPU-and-CI size: the `tiny` GPT (4 blocks of 64) on
-# windows of 32 characters, a few dozen steps, validated on the first of the
-# four validation plays. `make results-lm` trains the
+# windows of 32 characters, a few dozen steps, validated on the first 16K
+# characters of the validation plays. `make results-lm` trains the
 # same methods for 600 steps of 64 windows of 64 characters
 # (configs/variants/lm.py); `:small` is nanoGPT's 10.7M-parameter model, for a GPU.
 

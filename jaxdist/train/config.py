@@ -466,9 +466,9 @@ def base() -> ml_collections.ConfigDict:
   # noise_every steps (0: never) beside training, off the clock, EWMA with noise_decay.
   config.noise_every = 10
   config.noise_decay = 0.9
-
   config.eval_every = 20
   config.eval_batch_size = 1024
+  config.eval_examples = 0  # evaluate on the test split's first N examples (0: all of them)
   config.checkpoint_every = 100
   config.keep_checkpoints = 2
   config.progress = True

@@ -40,6 +40,7 @@ class Experiment:
     batch_size: the global batch.
     eval_every: steps between evaluations.
     eval_batch_size: examples per evaluation batch.
+    eval_examples: the test split's first examples an evaluation takes (0: all).
     checkpoint_every: steps between checkpoints.
     keep_checkpoints: checkpoints kept.
     progress: show a progress bar.
@@ -84,6 +85,7 @@ class Experiment:
   batch_size: int
   eval_every: int
   eval_batch_size: int
+  eval_examples: int
   checkpoint_every: int
   keep_checkpoints: int
   progress: bool

@@ -43,13 +43,15 @@ def put_batch(
 
 
 def eval_chunks(exp: Experiment) -> list[tuple[jax.Array, ...]]:
-  """The test split in device-sharded, padded chunks (x, y, mask)."""
+  """The test split (its first `exp.eval_examples`, if set) in device-sharded, padded chunks
+  (x, y, mask)."""
   split, w = exp.dataset.test, exp.workers
-  chunk = -(-min(exp.eval_batch_size, len(split)) // w.devices) * w.devices
+  total = min(exp.eval_examples or len(split), len(split))
+  chunk = -(-min(exp.eval_batch_size, total) // w.devices) * w.devices
   sharding = jax.NamedSharding(w.mesh, jax.sharding.PartitionSpec(runtime.DATA))
   chunks = []
-  for start in range(0, len(split), chunk):
-    n = min(chunk, len(split) - start)
+  for start in range(0, total, chunk):
+    n = min(chunk, total - start)
     arrays = (*exp.dataset.inputs(split, np.arange(start, start + n)), np.ones(n, np.float32))
     arrays = [np.concatenate([a, np.zeros((chunk - n, *a.shape[1:]), a.dtype)]) for a in arrays]
     chunks.append(

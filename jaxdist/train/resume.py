@@ -41,7 +41,7 @@ RUN_FILES = (
 # hold the compare binary's variants there). Any other change stops the resume (`check_resume`).
 MAY_CHANGE_ON_RESUME = (
   'steps', 'workers', 'devices', 'sync.per_worker', 'eval_every', 'eval_batch_size',
-  'noise_every', 'noise_decay', 'checkpoint_every', 'keep_checkpoints', 'progress',
+  'eval_examples', 'noise_every', 'noise_decay', 'checkpoint_every', 'keep_checkpoints', 'progress',
   'fault.kill_at_step', 'fault.signal', 'dataset.data_dir', 'dataset.download',
   'network.compute_budget_s', 'compare', 'variants',
 )  # fmt: skip

@@ -13,7 +13,7 @@ import pytest
 
 from jaxdist.train import checkpoint, metrics
 
-from conftest import REPO, binary_cmd, binary_env
+from conftest import QUICK_FLAGS, REPO, binary_cmd, binary_env
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,11 @@ def run_binary(
 ):
   proc = subprocess.run(
     binary_cmd(
-      f'--config={os.path.join(REPO, config)}', f'--workdir={workdir}', *overrides, script=script
+      f'--config={os.path.join(REPO, config)}',
+      f'--workdir={workdir}',
+      *QUICK_FLAGS,
+      *overrides,
+      script=script,
     ),
     env=binary_env(data_dir),
     capture_output=True,

@@ -11,7 +11,7 @@ import pytest
 
 from jaxdist.train import checkpoint, metrics
 
-from conftest import REPO, binary_cmd, binary_env
+from conftest import QUICK_FLAGS, REPO, binary_cmd, binary_env
 
 sys.path.insert(0, os.path.join(REPO, 'experiments'))
 import netns
@@ -29,7 +29,7 @@ def launch(hosts, workdir, env):
   config = [
     f'--config={os.path.join(REPO, "configs/digits.py")}:runlocal',
     '--config.steps=12', '--config.eval_every=2', '--config.checkpoint_every=2',
-    '--config.progress=False', '--config.noise_every=0', f'--workdir={workdir}',
+    '--config.progress=False', *QUICK_FLAGS, f'--workdir={workdir}',
     '--cpu_devices=4', f'--coordinator_address={hosts.addresses[0]}:23458',
     '--num_processes=2', f'--heartbeat_timeout_s={HEARTBEAT_S}',
   ]  # fmt: skip

@@ -8,7 +8,7 @@ import pytest
 
 from jaxdist.train import checkpoint, metrics
 
-from conftest import REPO, binary_cmd, binary_env, free_port
+from conftest import QUICK_FLAGS, REPO, binary_cmd, binary_env, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -25,6 +25,7 @@ def launch(workdir, env, kill_at: int = 0):
     '--config.eval_every=2',
     '--config.checkpoint_every=2',
     '--config.progress=False',
+    *QUICK_FLAGS,
     '--verbosity=0',  # the info lines checked below (absl's default here is warnings)
     f'--workdir={workdir}',
     '--cpu_devices=4',

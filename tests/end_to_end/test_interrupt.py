@@ -16,7 +16,7 @@ import pytest
 
 from jaxdist.train import checkpoint, metrics
 
-from conftest import REPO, binary_cmd, binary_env, free_port
+from conftest import QUICK_FLAGS, REPO, binary_cmd, binary_env, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -29,6 +29,7 @@ CONFIG = [
   '--config.eval_every=4',
   '--config.checkpoint_every=100',  # no periodic checkpoint: the one saved is the stop's
   '--config.progress=False',
+  *QUICK_FLAGS,
 ]
 
 

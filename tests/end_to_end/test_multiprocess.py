@@ -8,7 +8,7 @@ import pytest
 
 from jaxdist.train import checkpoint, metrics
 
-from conftest import REPO, binary_cmd, binary_env, free_port
+from conftest import QUICK_FLAGS, REPO, binary_cmd, binary_env, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -25,10 +25,12 @@ def flat(tree, prefix=''):
 
 
 CASES = {
+  # the compute term measured by process 0, and everyone's (calibrate.worker_step_s)
   'digits': ['configs/digits.py:runlocal'],
   # a language model with a method whose collectives are staggered over steps
   'lm_streaming_diloco': [
     'configs/shakespeare_gpt.py:runlocal',
+    *QUICK_FLAGS,
     '--config.sync.method=streaming_diloco',
     '--config.sync.streaming_diloco.period=4',
     '--config.sync.streaming_diloco.fragments=2',

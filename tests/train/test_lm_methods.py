@@ -6,7 +6,7 @@ import pytest
 
 from jaxdist.train import checkpoint, factory, metrics, trainer
 
-from conftest import REPO
+from conftest import QUICK, REPO
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +27,8 @@ METHODS = {
 def config_of(workers, steps, **overrides):
   return factory.load_config(
     f'{REPO}/configs/shakespeare_gpt.py:runlocal,workers={workers}',
-    **{'steps': steps, 'eval_every': steps, 'checkpoint_every': 2, 'noise_every': 0,
-       'progress': False, **overrides},
+    **{'steps': steps, 'eval_every': steps, 'checkpoint_every': 2, 'progress': False, **QUICK,
+       **overrides},
   )  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 titles; the heterogeneous batches plot, where no worker's line hides another's; and every
 figure's tick labels, plain and apart, at every scale and size."""
 
+import itertools
 import re
 import types
 
@@ -157,6 +158,12 @@ def test_workers_label(workers, label):
 
 SPANS = (0.15, 0.5, 1.0, 4.5)  # decades of data on the log axis
 STARTS = (0.21, 37.0, 4e-4)  # where the data begin
+# compare.plot at every span from every start, in 1, 2 and 3 panels in turn; the other plots at
+# every span, from each start in turn (each case is drawn at three sizes)
+COMPARE_SCALES = [
+  (decades, start, 1 + i % 3) for i, (decades, start) in enumerate(itertools.product(SPANS, STARTS))
+]
+SCALES = [(decades, STARTS[i % len(STARTS)]) for i, decades in enumerate(SPANS)]
 MIN_GAP_PX = 4.0
 MIN_LINE_GAP_PX = 1.0
 # A log axis's labels: a plain decimal ('0.2', '300', '0.0005') or a power of ten in Unicode
@@ -254,9 +261,7 @@ def timed_run(times_s, accuracies):
 ACCURACIES = [0.5, 0.7, 0.8, 0.85, 0.9, 0.92, 0.93]
 
 
-@pytest.mark.parametrize('panels', [1, 2, 3])
-@pytest.mark.parametrize('start', STARTS)
-@pytest.mark.parametrize('decades', SPANS)
+@pytest.mark.parametrize('decades, start, panels', COMPARE_SCALES)
 def test_compare_plot_tick_labels_are_plain_and_apart(decades, start, panels):
   variants = (('dense', 1.0, 0.95), ('topk1_ef', 1.02, 0.96), ('powersgd', 1.04, 0.94))
   runs = {
@@ -278,8 +283,7 @@ def test_compare_plot_at_the_issue_scale_labels_the_minor_ticks_in_plain_decimal
   assert set(texts) >= {'0.3', '0.5'} and set(texts) <= {f'0.{d}' for d in range(2, 10)}, texts
 
 
-@pytest.mark.parametrize('start', STARTS)
-@pytest.mark.parametrize('decades', SPANS)
+@pytest.mark.parametrize('decades, start', SCALES)
 def test_curves_plot_tick_labels_are_plain_and_apart(decades, start):
   steps = np.linspace(1, 20_000, 60).round().astype(int)
   losses = geometric(start * 10**decades, -decades, len(steps))
@@ -293,8 +297,7 @@ def test_curves_plot_tick_labels_are_plain_and_apart(decades, start):
     assert_tick_labels_apart(fig, f'plot_curves, {decades} decades from {start}, size {size}')
 
 
-@pytest.mark.parametrize('start', STARTS)
-@pytest.mark.parametrize('decades', SPANS)
+@pytest.mark.parametrize('decades, start', SCALES)
 def test_ratios_plot_tick_labels_are_plain_and_apart(decades, start):
   top = min(1.0, start * 10**decades)  # a kept fraction is at most 1
   ratios = geometric(top / 10**decades, decades, 40)
@@ -308,8 +311,7 @@ def test_ratios_plot_tick_labels_are_plain_and_apart(decades, start):
     assert_tick_labels_apart(fig, f'plot_ratios, {decades} decades from {start}, size {size}')
 
 
-@pytest.mark.parametrize('start', STARTS)
-@pytest.mark.parametrize('decades', SPANS)
+@pytest.mark.parametrize('decades, start', SCALES)
 def test_network_report_plot_tick_labels_are_plain_and_apart(decades, start, tmp_path):
   network_report = load_experiment('network_report')
   nominal = geometric(start / 1e3, decades, 6)

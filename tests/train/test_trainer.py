@@ -431,6 +431,7 @@ def test_scadles_rule_by_hand():
     ({'adaptive': 'gravac', 'sync.method': 'compressed_allreduce', 'gravac.decay': 1.0},
      r'config.gravac: decay'),
     ({'noise_every': -3}, r'noise_every must be >= 0'),
+    ({'eval_examples': -1}, r'eval_examples must be >= 0 \(0: the whole test split\)'),
     ({'sync.per_worker': 'scan'},
      r"per_worker must be 'auto', 'vmap', 'loop', 'shared', 'mean' or 'device', got 'scan'"),
     ({'sync.per_worker': 'device', 'sync.method': 'bucketed_allreduce'},
@@ -640,10 +641,11 @@ def test_the_compute_term_is_timed_for_the_configured_budget(tmp_path, data_dir,
 
   monkeypatch.setattr(calibrate, 'measure_worker_steps', measure)
   assert config_lib.base().network.compute_budget_s == 2.0
-  summary, _, _ = run_digits(tmp_path, 'runlocal', data_dir, monkeypatch, steps=1)
+  measured = {'network.compute_s': 0.0, 'steps': 1}  # 0: measure it
+  summary, _, _ = run_digits(tmp_path, 'runlocal', data_dir, monkeypatch, **measured)
   assert calls == [([None], 20, 0.25)] and summary['worker_step_s'] == 0.125  # runlocal's
   calls.clear()
-  gravac = {'adaptive': 'gravac', 'sync.method': 'compressed_allreduce', 'steps': 1}
+  gravac = {'adaptive': 'gravac', 'sync.method': 'compressed_allreduce', **measured}
   gravac['network.compute_budget_s'] = 1.0
   run_digits(tmp_path, 'gravac', data_dir, monkeypatch, **gravac)
   (candidates, _, budget_s), (one, _, budget_one) = sorted(calls, key=lambda c: c[0] == [None])
@@ -675,3 +677,20 @@ def test_a_run_that_diverges_trains_on_and_reports_nan(tmp_path, data_dir, monke
   assert np.isnan(records[-1]['loss']) and np.isnan(records[-1]['noise_worker_sq'])
   finite = [r for r in records if np.isfinite(r['noise_worker_sq'])]
   assert finite and all(np.isfinite(r['gamma']) for r in records), records
+
+
+@pytest.mark.parametrize('examples, chunks', [(0, [128, 128, 104]), (100, [100]), (200, [128, 72])])
+def test_eval_examples_evaluates_the_test_splits_first_examples(tmp_path, data_dir, monkeypatch,
+                                                                examples, chunks):  # fmt: skip
+  from jaxdist.train import feed
+
+  monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
+  config = factory.load_config(
+    f'{REPO}/configs/digits.py:runlocal', eval_examples=examples, eval_batch_size=128
+  )
+  exp = factory.build(config, str(tmp_path / 'w'))
+  assert len(exp.dataset.test) == 360  # every fifth of the 1,797 digits
+  got = feed.eval_chunks(exp)
+  assert [int(mask.sum()) for *_, mask in got] == chunks  # the mask marks the real examples
+  first = exp.dataset.inputs(exp.dataset.test, np.arange(chunks[0]))[0]
+  np.testing.assert_array_equal(np.asarray(got[0][0])[: chunks[0]], first)  # the first, in order

@@ -143,8 +143,9 @@ def load_dataset(cfg: ml_collections.ConfigDict) -> data.Dataset | data.Sequence
 
 
 def _check_counts(config) -> None:
-  if config.noise_every < 0:
-    raise ValueError(f'noise_every must be >= 0 (0: never), got {config.noise_every}')
+  for key, meaning in (('noise_every', 'never'), ('eval_examples', 'the whole test split')):
+    if config[key] < 0:
+      raise ValueError(f'{key} must be >= 0 (0: {meaning}), got {config[key]}')
   for key in (
     'steps',
     'batch_size',
@@ -278,6 +279,7 @@ def _run(config, workers: runtime.Workers) -> dict[str, Any]:
     method=config.sync.method, model_name=config.model.name, dataset_name=config.dataset.name,
     steps=config.steps, seed=config.seed, batch_size=config.batch_size,
     eval_every=config.eval_every, eval_batch_size=config.eval_batch_size,
+    eval_examples=config.eval_examples,
     checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints,
     progress=bool(config.progress), noise_every=config.noise_every,
     noise_decay=config.noise_decay, kill_at_step=config.fault.kill_at_step,
