@@ -12,7 +12,7 @@ LOCK := requirements.lock
 PIP_VERSION := 26.3
 UV_VERSION := 0.13.9
 
-.PHONY: run run-lm test lint format docs bench bench-lm bench-network bench-peers results results-lm clean lock wheel
+.PHONY: run run-lm test test-all lint format docs bench bench-lm bench-network bench-peers results results-lm clean lock wheel
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	@echo "Creating $(VENV) and installing the exact versions in $(LOCK) into it (once; about"
@@ -38,6 +38,10 @@ run-lm: $(VENV)/.installed
 	  --variants=configs/variants/default_lm.py --workdir=workdir/lm $(ARGS)
 
 test: $(VENV)/.installed
+	$(PY) -m pytest -n auto -q -m 'not extended' $(ARGS)
+
+# The suite and the cases marked `extended`, each a behaviour `make test` checks elsewhere too
+test-all: $(VENV)/.installed
 	$(PY) -m pytest -n auto -q $(ARGS)
 
 lint: $(VENV)/.installed

@@ -83,6 +83,7 @@ jd.runtime.cpu_devices(8)  # 8 CPU devices, before JAX starts
 # %%
 common = {
   'progress': False,
+  'noise_every': 0,  # Scavenger's gradient noise, not shown here: not measured
   'steps': 40,
   'sync.method': 'compressed_allreduce',
   'compress.name': 'topk',

@@ -85,6 +85,7 @@ jd.runtime.cpu_devices(8)  # 8 CPU devices, before JAX starts
 # %%
 common = {
   'progress': False,
+  'noise_every': 0,  # Scavenger's gradient noise, not shown here: not measured
   'cluster.speeds': '1,1,1,0.25',  # the 4:1 cluster
   'dynamic_batching.b_max': 64,  # examples each worker holds (static shapes)
   'dynamic_batching.interval': 2,

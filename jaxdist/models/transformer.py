@@ -10,8 +10,9 @@ Parameters are named so that methods can find the blocks: `embed`,
 `pos_embed`, `block_0` ... `block_{L-1}`, `ln_f` (Streaming DiLoCo groups
 blocks into fragments by these names).
 
-Sizes (`SIZES`): `tiny` trains on a 2-core CPU in minutes; `small` is
-nanoGPT's `shakespeare_char` model (6 layers × 384, 6 heads, context 256,
+Sizes (`SIZES`): `mini` (2 blocks × 64) is the few-step size of tests, CI
+and notebooks; `tiny` (4 × 64) trains on a 2-core CPU in minutes; `small`
+is nanoGPT's `shakespeare_char` model (6 layers × 384, 6 heads, context 256,
 ≈10.7M parameters), for a GPU.
 """
 
@@ -35,6 +36,7 @@ class Size:
 
 
 SIZES = {
+  'mini': Size(layers=2, width=64, heads=4, context=64),
   'tiny': Size(layers=4, width=64, heads=4, context=64),
   'small': Size(layers=6, width=384, heads=6, context=256),
 }
@@ -103,7 +105,7 @@ def gpt(num_classes: int, size: str = 'tiny', **overrides) -> GPT:
 
   Args:
     num_classes: the vocabulary size V.
-    size: 'tiny' or 'small'.
+    size: 'mini', 'tiny' or 'small'.
     **overrides: `GPT` fields to set instead of the size's (e.g. `context`).
 
   Returns:

@@ -442,7 +442,7 @@ def base() -> ml_collections.ConfigDict:
   config.model = ml_collections.ConfigDict()
   config.model.name = 'cnn'  # mlp | cnn | resnet20 | gpt
   config.model.hidden = ''  # the MLP's hidden widths, e.g. '2048,1024' ('': its default)
-  config.model.size = 'tiny'  # the GPT's: tiny | small (jaxdist.models.transformer.SIZES)
+  config.model.size = 'tiny'  # the GPT's: mini | tiny | small (jaxdist.models.transformer.SIZES)
 
   config.workers = 8  # data-parallel workers in all
   config.devices = 0  # devices they run on; 0 = as many as divide `workers`

@@ -144,7 +144,6 @@ def test_a_broken_link_or_api_reference_fails_the_build(tmp_path):
   for f in ('mkdocs.yml', 'CHANGELOG.md'):
     shutil.copy(os.path.join(REPO, f), root / f)
   os.symlink(os.path.join(REPO, 'jaxdist'), root / 'jaxdist')
-  assert build(str(root), str(tmp_path / 'ok')).returncode == 0, 'the copy builds as it is'
   page = root / 'docs' / 'methods' / 'compression.md'
   with open(page, 'a') as f:
     f.write('\nSee [the missing page](no-such-page.md) and [`nothing`][jaxdist.sync.nothing].\n')

@@ -55,7 +55,8 @@ def step_reached(workdir) -> int:
   return json.loads(lines[-1])['step'] if lines else 0
 
 
-@pytest.mark.parametrize('death', ['kill', 'link_down'])
+# a killed peer is test_dead_peer.py's too (over loopback): over a link, only in `make test-all`
+@pytest.mark.parametrize('death', [pytest.param('kill', marks=pytest.mark.extended), 'link_down'])
 def test_a_dead_peer_over_a_real_link(tmp_path, data_dir, death):
   env = binary_env(data_dir)
   workdir = tmp_path / 'run'

@@ -83,7 +83,7 @@ def test_language_model_table_times_each_variant_against_the_first(tmp_path):
           '--repeats=1', '--lm_config=shakespeare_gpt.py:runlocal,workers=4']  # fmt: skip
   text = bench(tmp_path, args)
   assert 'compressor overhead' not in text
-  rows = _table(text, 'language model: gpt tiny (')
+  rows = _table(text, 'language model: gpt mini (')  # runlocal's GPT
   assert [(r['variant'], r['sync']) for r in rows] == [('bsp', 'allreduce'), ('diloco10', 'diloco')]
   assert rows[0]['÷ first'] == '1.000'
   for r in rows:

@@ -35,8 +35,11 @@ def config_of(workers, steps, **overrides):
 @pytest.mark.parametrize('name', sorted(METHODS))
 def test_every_method_trains_the_language_model(name, tmp_path, data_dir, monkeypatch):
   monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
-  summary = trainer.train_and_evaluate(config_of(4, 4, **METHODS[name]), str(tmp_path))
-  assert summary['unit'] == 'char' and summary['steps'] == 4
+  # 8 steps: 1-bit Adam's first compressed steps overshoot before it settles (on the 2-block
+  # GPT its validation loss is 4.79 after step 4, above uniform guessing, and 3.38 after 8)
+  config = config_of(4, 8, **{'checkpoint_every': 4, **METHODS[name]})
+  summary = trainer.train_and_evaluate(config, str(tmp_path))
+  assert summary['unit'] == 'char' and summary['steps'] == 8
   assert math.isfinite(summary['test_loss']) and summary['test_loss'] < math.log(84) + 0.1
   records = metrics.read_jsonl(str(tmp_path / 'metrics.jsonl'))
   assert all(math.isfinite(r['loss']) for r in records)

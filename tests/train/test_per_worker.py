@@ -336,7 +336,9 @@ def test_one_worker_per_device_stays_vmap_and_bad_arguments_are_refused():
   x = jax.device_put(jnp.zeros((8, PER_WORKER, 8, 8, 1)), workers.sharding)
   y = jax.device_put(jnp.zeros((8, PER_WORKER), jnp.int32), workers.sharding)
   step = step_lib.make_train_step(model, tx, workers)
-  assert ' while(' not in step.lower(state, x, y).compile().as_text()
+  assert 'stablehlo.while' not in step.lower(state, x, y).as_text()  # no loop over workers
+  looped = step_lib.make_train_step(model, tx, workers, per_worker='loop')
+  assert 'stablehlo.while' in looped.lower(state, x, y).as_text()  # what one would look like
   with pytest.raises(
     ValueError, match="per_worker must be 'auto', 'vmap', 'loop', 'shared', 'mean' or 'device'"
   ):
