@@ -15,13 +15,14 @@ UV_VERSION := 0.13.9
 .PHONY: run run-lm test test-all lint format docs bench bench-lm bench-network bench-peers results results-lm clean lock wheel
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
-	@echo "Creating $(VENV) and installing the exact versions in $(LOCK) into it (once; about"
-	@echo "two minutes, 1.4 GB: jax, flax, orbax, tensorflow-datasets, matplotlib, the docs and"
-	@echo "test tools) ..."
+	@echo "Creating $(VENV) and installing the exact versions in $(LOCK) into it (once; a minute"
+	@echo "or two, 1.4 GB: jax, flax, orbax, tensorflow-datasets, matplotlib, the docs and test"
+	@echo "tools) ..."
 	@$(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --disable-pip-version-check pip==$(PIP_VERSION)
 	@$(PY) -m pip install --quiet -r $(LOCK)
-	@$(PY) -m pip install --quiet --no-deps -e .
+	@$(PY) -m pip install --quiet --no-deps -e . > $(VENV)/install.log 2>&1 \
+	  || (cat $(VENV)/install.log; exit 1)
 	@$(PY) -m pip check --quiet > /dev/null || $(PY) -m pip check
 	@touch $@
 	@echo "... $(VENV) is ready"

@@ -203,6 +203,7 @@ adopt_config = jd.train.load_config(
   'digits.py:runlocal',
   **{
     'progress': False,
+    'noise_every': 0,
     'steps': 40,
     'sync.method': 'compressed_allreduce',
     'compress.name': 'topk',
