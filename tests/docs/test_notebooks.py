@@ -1,6 +1,8 @@
 """Every notebook is in sync with its py:percent twin and runs top to bottom."""
 
 import glob
+import json
+import math
 import os
 
 import jupytext
@@ -52,3 +54,8 @@ def test_notebook_runs(path, tmp_path, data_dir, monkeypatch):
   assert images, f'{os.path.basename(path)} shows no plot (no image/png output)'
   name = os.path.basename(path)[: -len('.ipynb')]
   assert list((workdir / 'workdir' / name).glob('**/metrics.jsonl')), 'it trained nothing'
+  for found in (workdir / 'workdir' / name).glob('**/summary.json'):  # each run it trained
+    summary = json.loads(found.read_text())
+    assert math.isfinite(summary['test_loss']) and math.isfinite(summary['test_accuracy']), found
+    if summary.get('unit') == 'char':  # Shakespeare: better than guessing among 84 characters
+      assert summary['test_loss'] < math.log(84), (found, summary['test_loss'])

@@ -148,14 +148,24 @@ def tree_digest(path) -> str:
   return digest.hexdigest()
 
 
+# One line and status 2 for each kind of bad input; where the message is one that the
+# library's own tests check in-process (tests/data, tests/train: test_config, test_resume), the
+# binary's run of it is in `make test-all` only.
+IN_PROCESS_TOO = pytest.mark.extended
+
+
 @pytest.mark.parametrize(
   'overrides, message',
   [
     (['--config.model.name=vgg99'], "unknown model 'vgg99'"),
-    (['--config.dataset.name=no_such_data'], "unknown dataset 'no_such_data'"),
+    pytest.param(
+      ['--config.dataset.name=no_such_data'], "unknown dataset 'no_such_data'", marks=IN_PROCESS_TOO
+    ),
     (['--config.batch_size=100'], 'batch_size 100 (global) is not divisible by workers 8'),
     (['--config.dataset.name=mnist'], "tfds dataset 'mnist' is not prepared"),
-    (['--config.sync.method=gossipy'], "unknown sync.method 'gossipy'"),
+    pytest.param(
+      ['--config.sync.method=gossipy'], "unknown sync.method 'gossipy'", marks=IN_PROCESS_TOO
+    ),
     (
       ['--config.sync.method=selsync', '--config.sync.selsync.alpha=1.5'],
       'config.sync.selsync: alpha must be in [0, 1), got 1.5',
@@ -167,8 +177,16 @@ def tree_digest(path) -> str:
       'sync.local_sgd.period 4 → 8; resume with the config that wrote it, or start afresh '
       'with --fresh',
     ),
-    (['--config.workers=16'], 'it is a finished run of workers=8, devices=0: nothing is left'),
-    (['--config.steps=10'], 'it is past config.steps=10; resume with the config'),
+    pytest.param(
+      ['--config.workers=16'],
+      'it is a finished run of workers=8, devices=0: nothing is left',
+      marks=IN_PROCESS_TOO,
+    ),
+    pytest.param(
+      ['--config.steps=10'],
+      'it is past config.steps=10; resume with the config',
+      marks=IN_PROCESS_TOO,
+    ),
     (['--cpu_devices=0'], '--cpu_devices must be >= 1, got 0'),
   ],
   ids=[

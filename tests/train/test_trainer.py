@@ -432,6 +432,8 @@ def test_scadles_rule_by_hand():
      r'config.gravac: decay'),
     ({'noise_every': -3}, r'noise_every must be >= 0'),
     ({'eval_examples': -1}, r'eval_examples must be >= 0 \(0: the whole test split\)'),
+    ({'fault.signal': 'SIGHUP'},
+     r"config.fault.signal must be one of \('SIGKILL', 'SIGTERM', 'SIGINT'\), got 'SIGHUP'"),
     ({'sync.per_worker': 'scan'},
      r"per_worker must be 'auto', 'vmap', 'loop', 'shared', 'mean' or 'device', got 'scan'"),
     ({'sync.per_worker': 'device', 'sync.method': 'bucketed_allreduce'},
