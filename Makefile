@@ -16,9 +16,9 @@ UV_VERSION := 0.13.9
 .PHONY: run run-lm test test-all lint format docs bench bench-lm bench-network bench-peers results results-lm clean lock wheel
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
-	@echo "Creating $(VENV) and installing the exact versions in $(LOCK) into it (once; a minute"
-	@echo "or two, 1.4 GB: jax, flax, orbax, tensorflow-datasets, matplotlib, the docs and test"
-	@echo "tools) ..."
+	@echo "Creating $(VENV) and installing the exact versions in $(LOCK) into it (once; seconds from"
+	@echo "uv's cache, a minute or two to download 1.4 GB: jax, flax, orbax, tensorflow-datasets,"
+	@echo "matplotlib, the docs and test tools) ..."
 	@$(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --disable-pip-version-check pip==$(PIP_VERSION) uv==$(UV_VERSION)
 	@$(VENV)/bin/uv pip install --quiet --python $(PY) -r $(LOCK)

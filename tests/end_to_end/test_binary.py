@@ -104,9 +104,14 @@ def straight_run(tmp_path_factory, data_dir):
   return straight
 
 
-# SIGKILL: a crash, the steps since the checkpoint of step 10 are lost. SIGTERM (a scheduler's
-# preemption; Ctrl-C's SIGINT in test_interrupt.py): a checkpoint at the step reached, no loss.
-@pytest.mark.parametrize('signum, saved', [(signal.SIGKILL, 10), (signal.SIGTERM, 12)])
+# SIGKILL: a crash, the steps since the checkpoint of step 10 are lost (resumed like this with
+# the host controllers too, test_host_controllers_resume_after_sigkill: here in test-all only).
+# SIGTERM (a scheduler's preemption; Ctrl-C's SIGINT in test_interrupt.py): a checkpoint at the
+# step reached, no loss.
+@pytest.mark.parametrize(
+  'signum, saved',
+  [pytest.param(signal.SIGKILL, 10, marks=pytest.mark.extended), (signal.SIGTERM, 12)],
+)
 def test_killed_or_preempted_and_resumed_equals_straight_run(straight_run, tmp_path, data_dir,
                                                              signum, saved):  # fmt: skip
   crashed = tmp_path / 'crashed'

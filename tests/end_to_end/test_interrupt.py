@@ -26,7 +26,7 @@ LINE = re.compile(
 )
 CONFIG = [
   f'--config={os.path.join(REPO, "configs/digits.py")}:runlocal',
-  '--config.eval_every=4',
+  '--config.eval_every=100',  # only at the end
   '--config.checkpoint_every=100',  # no periodic checkpoint: the one saved is the stop's
   '--config.progress=False',
   *QUICK_FLAGS,
