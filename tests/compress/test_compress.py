@@ -37,9 +37,9 @@ ALL = [
 
 @pytest.mark.parametrize('c', ALL, ids=repr)
 def test_wire_bytes_is_the_real_payload_and_decode_has_the_right_shape(c):
-  payload, state = c.encode(X, c.init(N), jax.random.key(1))
+  payload, state = jax.jit(c.encode)(X, c.init(N), jax.random.key(1))  # one program, not op by op
   assert c.wire_bytes(N) == sum(p.size * p.dtype.itemsize for p in payload)
-  out = c.decode(payload, state, N)
+  out = jax.jit(c.decode, static_argnums=2)(payload, state, N)
   assert out.shape == (N,) and out.dtype == jnp.float32
 
 
@@ -375,11 +375,11 @@ def test_threshold_searches_run_per_device_in_shard_map():
 def test_every_topk_selection_sends_the_same_elements(k):
   x = jnp.asarray(np.random.default_rng(1).standard_normal(50_000), jnp.float32)
   x = x.at[:100].set(x[100:200])  # ties of magnitude at many positions
-  by_top_k = C.topk(k=k, selection='top_k').encode(x, None, None)[0]
-  want_values, want_idx = (np.asarray(a) for a in by_top_k)
+  encode = lambda way: jax.jit(lambda x: C.topk(k=k, selection=way).encode(x, None, None)[0])
+  want_values, want_idx = (np.asarray(a) for a in encode('top_k')(x))
   np.testing.assert_array_equal(want_idx, np.asarray(jax.lax.top_k(jnp.abs(x), k)[1]))
   for way in ('auto', 'bisect', 'candidates'):
-    values, idx = (np.asarray(a) for a in C.topk(k=k, selection=way).encode(x, None, None)[0])
+    values, idx = (np.asarray(a) for a in encode(way)(x))
     order = np.argsort(idx)
     np.testing.assert_array_equal(idx[order], np.sort(want_idx), err_msg=way)
     np.testing.assert_array_equal(values[order], want_values[np.argsort(want_idx)], err_msg=way)

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(WHY), reason=f'namespace
 
 HEARTBEAT_S = 5
 TIMEOUT = 300
-RATE_MBIT = 5  # a dense step of the digits CNN (600 KB each way) takes about 2 s
+RATE_MBIT = 20  # a dense step of the digits CNN (600 KB each way) takes about 0.3 s
 
 
 def launch(hosts, workdir, env):
