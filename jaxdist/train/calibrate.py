@@ -21,7 +21,11 @@ from jaxdist.train.experiment import Experiment
 
 
 def measure_worker_step(
-  exp: Experiment, repeats: int = 20, budget_s: float = 2.0, candidate: int | None = None
+  exp: Experiment,
+  repeats: int = 20,
+  budget_s: float = 2.0,
+  candidate: int | None = None,
+  state: Any = None,
 ) -> float:
   """Median seconds of one worker's step on its own: compute, compression, optimizer.
 
@@ -33,8 +37,11 @@ def measure_worker_step(
   per-worker batch; its collectives span one worker and cost nothing, so
   this is a worker's step minus communication: the compute term of the
   modelled clock.
+
+  `state`, the run's train state if given, supplies the worker's replica
+  (see `measure_worker_steps`).
   """
-  return measure_worker_steps(exp, [candidate], repeats, budget_s)[0]
+  return measure_worker_steps(exp, [candidate], repeats, budget_s, state)[0]
 
 
 def measure_worker_steps(
@@ -42,17 +49,24 @@ def measure_worker_steps(
   candidates: Sequence[int | None],
   repeats: int = 20,
   budget_s: float = 2.0,
+  state: Any = None,
 ) -> list[float]:
   """`measure_worker_step` for each candidate, with one compiled step for all of them.
 
   The candidate is an argument of the step (`compressed_allreduce(ratios=...)`
-  switches on it), so one program serves every candidate; each candidate's
-  timing starts from a fresh train state.
+  switches on it), so one program serves every candidate. Each candidate's
+  timing starts from a copy of one worker's replica of `state` (the run's
+  train state, laid out over its workers: `one_replica`), or, without it,
+  from a train state initialised on the 1-worker layout, which costs a
+  program of its own to compile.
   """
   one = runtime.layout(1, devices=1, device_list=jax.local_devices()[:1])
   counted = exp.counted
   ds = exp.dataset
-  init = step_lib.make_init(exp.model, exp.tx, one, ds.input_shape, input_dtype=ds.input_dtype)
+  if state is None:
+    init = step_lib.make_init(exp.model, exp.tx, one, ds.input_shape, input_dtype=ds.input_dtype)
+  else:
+    init = lambda _: one_replica(state, one)
   train_step = step_lib.make_train_step(exp.model, exp.tx, one, counted=counted)
   idx = data.batch_indices(
     0, seed=exp.seed, num_examples=len(exp.dataset.train), batch_size=exp.per_worker
@@ -79,7 +93,21 @@ def measure_worker_steps(
   return [seconds(c) for c in candidates]
 
 
-def candidate_step_s(exp: Experiment, meta: dict[str, Any]) -> list[float]:
+def one_replica(state: Any, one: runtime.Workers) -> Any:
+  """A copy of the first replica of `state` this process holds, on the 1-worker layout `one`.
+
+  Every leaf of a train state leads with an axis of replicas (workers, or
+  devices for `per_worker='device'`), sharded over the devices; the 1-worker
+  layout's state is the same tree with one replica. The copy is new buffers
+  (the train step donates its input), made from this process's first shard,
+  so each process of a multi-process run copies its own.
+  """
+  local = jax.tree.map(lambda x: x.addressable_shards[0].data, state)
+  first = jax.jit(lambda tree: jax.tree.map(lambda x: x[:1], tree))(local)
+  return jax.device_put(first, one.sharding)
+
+
+def candidate_step_s(exp: Experiment, meta: dict[str, Any], state: Any = None) -> list[float]:
   """With a ratio controller, the compute term of each candidate (dense last), else [].
 
   A worker's step costs what its compressor costs: a 10× Top-k's selection
@@ -95,7 +123,7 @@ def candidate_step_s(exp: Experiment, meta: dict[str, Any]) -> list[float]:
   if exp.compute_s:
     return [exp.compute_s] * (len(exp.ratios) + 1)
   budget_s = exp.compute_budget_s / 4
-  out = measure_worker_steps(exp, range(len(exp.ratios) + 1), budget_s=budget_s)
+  out = measure_worker_steps(exp, range(len(exp.ratios) + 1), budget_s=budget_s, state=state)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
 
@@ -103,7 +131,7 @@ def candidate_step_s(exp: Experiment, meta: dict[str, Any]) -> list[float]:
   return out
 
 
-def worker_step_s(exp: Experiment, meta: dict[str, Any]) -> float:
+def worker_step_s(exp: Experiment, meta: dict[str, Any], state: Any = None) -> float:
   """The compute term: measured once per run, the same in every process, kept by checkpoints.
 
   A resumed run reuses the measurement its checkpoint recorded, and with
@@ -116,7 +144,7 @@ def worker_step_s(exp: Experiment, meta: dict[str, Any]) -> float:
     return float(meta['compute_s'])
   if exp.compute_s:  # given: no measurement
     return exp.compute_s
-  compute_s = measure_worker_step(exp, budget_s=exp.compute_budget_s)
+  compute_s = measure_worker_step(exp, budget_s=exp.compute_budget_s, state=state)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
 

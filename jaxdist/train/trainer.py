@@ -116,11 +116,12 @@ def train(
     if lead:  # the config this run goes on with
       metrics.write_atomic(os.path.join(exp.workdir, CONFIG_FILE), json.dumps(exp.record, indent=2))
 
-    compute_s = calibrate.worker_step_s(exp, meta)  # the compute term of the modelled clock
+    # the compute term of the modelled clock: one worker's replica of `state` timed alone
+    compute_s = calibrate.worker_step_s(exp, meta, state)
     prices = ledger.Ledger.of(exp, comm.find_transfers(state_shape.opt_state), compute_s)
     bar = report.progress(exp.steps, start, enabled=lead and exp.progress, label=label)
     clock, wall0 = Clock(), time.time()
-    host = Host(exp, compute_s, prices, clock, calibrate.candidate_step_s(exp, meta))
+    host = Host(exp, compute_s, prices, clock, calibrate.candidate_step_s(exp, meta, state))
     host.restore(control_state)
     writer = metrics.MetricsWriter(exp.workdir, start, enabled=lead)
     log = StepLog(writer, prices, exp.schedule, bar.show, host.observe, host.compute_at)

@@ -637,7 +637,7 @@ def test_the_compute_term_is_timed_for_the_configured_budget(tmp_path, data_dir,
 
   calls = []
 
-  def measure(exp, candidates, repeats=20, budget_s=2.0):
+  def measure(exp, candidates, repeats=20, budget_s=2.0, state=None):
     calls.append((list(candidates), repeats, budget_s))
     return [0.125] * len(candidates)
 
@@ -696,3 +696,20 @@ def test_eval_examples_evaluates_the_test_splits_first_examples(tmp_path, data_d
   assert [int(mask.sum()) for *_, mask in got] == chunks  # the mask marks the real examples
   first = exp.dataset.inputs(exp.dataset.test, np.arange(chunks[0]))[0]
   np.testing.assert_array_equal(np.asarray(got[0][0])[: chunks[0]], first)  # the first, in order
+
+
+@pytest.mark.parametrize('workers', [8, 16])  # one worker per device, and two
+def test_the_compute_term_times_a_copy_of_the_first_worker_s_replica(workers):
+  from jaxdist.train import calibrate
+
+  layout = runtime.layout(workers, devices=8)
+  rows = np.arange(workers * 3, dtype=np.float32).reshape(workers, 3)
+  state = {'w': jax.device_put(rows, layout.sharding), 'b': {'n': jax.device_put(
+    np.arange(workers, dtype=np.int32), layout.sharding)}}  # fmt: skip
+  one = runtime.layout(1, devices=1, device_list=jax.local_devices()[:1])
+  replica = calibrate.one_replica(state, one)
+  np.testing.assert_array_equal(np.asarray(replica['w']), [[0.0, 1.0, 2.0]])
+  np.testing.assert_array_equal(np.asarray(replica['b']['n']), [0])
+  assert replica['w'].sharding == one.sharding and replica['w'].dtype == np.float32
+  jax.tree.map(lambda x: x.delete(), replica)  # as the timed step's donation does
+  np.testing.assert_array_equal(np.asarray(state['w']), rows)  # the run's state is untouched
