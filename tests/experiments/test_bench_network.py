@@ -104,7 +104,7 @@ def test_two_hosts_train_over_the_link_beside_ddp(tmp_path, data_dir):
   env = dict(os.environ, TFDS_DATA_DIR=data_dir, XLA_FLAGS=xla_flags_for_tests())
   proc = subprocess.run(
     [sys.executable, os.path.join(REPO, 'experiments', 'bench_network.py'), '--hosts=2',
-     '--rates=unlimited', '--only=dense,local4', '--steps=6', '--skip=2',
+     '--rates=unlimited', '--only=dense', '--steps=6', '--skip=2',
      f'--workdir={tmp_path}', f'--results={results}', f'--torch_python={sys.executable}',
      f'--peers_dir={peers}'],
     cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
@@ -114,10 +114,9 @@ def test_two_hosts_train_over_the_link_beside_ddp(tmp_path, data_dir):
   rows = [
     line for line in text.splitlines() if line.startswith(('| 2 | dense |', '| 2 | local4 |'))
   ]
-  assert len(rows) == 2, text
-  for line in rows:
-    measured = float(line.split('|')[7])
-    assert 0 < measured < 60, line
+  assert len(rows) == 1 and rows[0].startswith('| 2 | dense |'), text  # what --only named
+  measured = float(rows[0].split('|')[7])
+  assert 0 < measured < 60, rows[0]
   # the (fake) peers' DDP on the same hosts, beside jaxdist's runs of the same names
   ddp = [line.split('|')[1:-1] for line in text.split('PyTorch DDP')[1].splitlines()[4:7]]
   assert [[c.strip() for c in row[:4]] for row in ddp] == [
@@ -126,12 +125,13 @@ def test_two_hosts_train_over_the_link_beside_ddp(tmp_path, data_dir):
   ], text  # fmt: skip
   jd_dense = float(rows[0].split('|')[7]) * 1e3
   assert float(ddp[0][4]) == pytest.approx(jd_dense, abs=0.051), text
-  assert ddp[1][4].strip() == '-' and ddp[1][5].strip() == '-'  # no jaxdist powersgd2 run
+  for row in ddp[1:]:  # no jaxdist powersgd2 or local4 run
+    assert row[4].strip() == '-' and row[5].strip() == '-', text
   # the tables come from the workdir alone: --tables_only remakes them, no root, no training
   again = tmp_path / 'again.md'
   proc = subprocess.run(
     [sys.executable, os.path.join(REPO, 'experiments', 'bench_network.py'), '--hosts=2',
-     '--rates=unlimited', '--only=dense,local4', '--steps=6', '--skip=2', '--tables_only',
+     '--rates=unlimited', '--only=dense', '--steps=6', '--skip=2', '--tables_only',
      f'--workdir={tmp_path}', f'--results={again}'],
     cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
   )  # fmt: skip
