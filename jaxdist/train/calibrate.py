@@ -22,10 +22,10 @@ from jaxdist.train.experiment import Experiment
 
 def measure_worker_step(
   exp: Experiment,
+  state: Any,
   repeats: int = 20,
   budget_s: float = 2.0,
   candidate: int | None = None,
-  state: Any = None,
 ) -> float:
   """Median seconds of one worker's step on its own: compute, compression, optimizer.
 
@@ -34,39 +34,30 @@ def measure_worker_step(
   (default: the one the run starts with).
 
   The same optax chain runs on a 1-worker layout (one local device) with the
-  per-worker batch; its collectives span one worker and cost nothing, so
-  this is a worker's step minus communication: the compute term of the
-  modelled clock.
-
-  `state`, the run's train state if given, supplies the worker's replica
-  (see `measure_worker_steps`).
+  per-worker batch, from a copy of one worker's replica of `state`, the
+  run's train state (`one_replica`); its collectives span one worker and
+  cost nothing, so this is a worker's step minus communication: the compute
+  term of the modelled clock.
   """
-  return measure_worker_steps(exp, [candidate], repeats, budget_s, state)[0]
+  return measure_worker_steps(exp, state, [candidate], repeats, budget_s)[0]
 
 
 def measure_worker_steps(
   exp: Experiment,
+  state: Any,
   candidates: Sequence[int | None],
   repeats: int = 20,
   budget_s: float = 2.0,
-  state: Any = None,
 ) -> list[float]:
   """`measure_worker_step` for each candidate, with one compiled step for all of them.
 
   The candidate is an argument of the step (`compressed_allreduce(ratios=...)`
-  switches on it), so one program serves every candidate. Each candidate's
-  timing starts from a copy of one worker's replica of `state` (the run's
-  train state, laid out over its workers: `one_replica`), or, without it,
-  from a train state initialised on the 1-worker layout, which costs a
-  program of its own to compile.
+  switches on it), so one program serves every candidate; each candidate's
+  timing starts from its own copy of one worker's replica of `state`.
   """
   one = runtime.layout(1, devices=1, device_list=jax.local_devices()[:1])
   counted = exp.counted
   ds = exp.dataset
-  if state is None:
-    init = step_lib.make_init(exp.model, exp.tx, one, ds.input_shape, input_dtype=ds.input_dtype)
-  else:
-    init = lambda _: one_replica(state, one)
   train_step = step_lib.make_train_step(exp.model, exp.tx, one, counted=counted)
   idx = data.batch_indices(
     0, seed=exp.seed, num_examples=len(exp.dataset.train), batch_size=exp.per_worker
@@ -82,7 +73,7 @@ def measure_worker_steps(
       if candidate is not None:
         args['candidate'] = np.full_like(args['candidate'], candidate)
       tx_args = {k: jax.device_put(v[:1], one.sharding) for k, v in args.items()}
-    box = [init(jax.random.key(exp.seed))]
+    box = [one_replica(state, one)]
 
     def run():
       box[0], metrics = train_step(box[0], x, y, *counts, **tx_args)
@@ -107,13 +98,14 @@ def one_replica(state: Any, one: runtime.Workers) -> Any:
   return jax.device_put(first, one.sharding)
 
 
-def candidate_step_s(exp: Experiment, meta: dict[str, Any], state: Any = None) -> list[float]:
+def candidate_step_s(exp: Experiment, meta: dict[str, Any], state: Any) -> list[float]:
   """With a ratio controller, the compute term of each candidate (dense last), else [].
 
   A worker's step costs what its compressor costs: a 10× Top-k's selection
   is slower than a 1000×'s. The modelled clock charges each step the
   measured step of the candidate it ran. Measured once, like `worker_step_s`;
   with a compute term given (`exp.compute_s`), that for every candidate.
+  `state` is the run's train state, as for `worker_step_s`.
   """
   ctl = exp.ratio_control
   if ctl is None:
@@ -123,7 +115,7 @@ def candidate_step_s(exp: Experiment, meta: dict[str, Any], state: Any = None) -
   if exp.compute_s:
     return [exp.compute_s] * (len(exp.ratios) + 1)
   budget_s = exp.compute_budget_s / 4
-  out = measure_worker_steps(exp, range(len(exp.ratios) + 1), budget_s=budget_s, state=state)
+  out = measure_worker_steps(exp, state, range(len(exp.ratios) + 1), budget_s=budget_s)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
 
@@ -131,20 +123,21 @@ def candidate_step_s(exp: Experiment, meta: dict[str, Any], state: Any = None) -
   return out
 
 
-def worker_step_s(exp: Experiment, meta: dict[str, Any], state: Any = None) -> float:
+def worker_step_s(exp: Experiment, meta: dict[str, Any], state: Any) -> float:
   """The compute term: measured once per run, the same in every process, kept by checkpoints.
 
   A resumed run reuses the measurement its checkpoint recorded, and with
   several processes process 0's measurement is everyone's, so host-side
   decisions that read the modelled clock (streams, GraVAC) agree across
   processes and across a crash. A compute term given (`exp.compute_s`,
-  `config.network.compute_s`) stands in for the measurement.
+  `config.network.compute_s`) stands in for the measurement. What is
+  measured is one worker's replica of `state`, the run's train state.
   """
   if meta.get('compute_s'):
     return float(meta['compute_s'])
   if exp.compute_s:  # given: no measurement
     return exp.compute_s
-  compute_s = measure_worker_step(exp, budget_s=exp.compute_budget_s, state=state)
+  compute_s = measure_worker_step(exp, state, budget_s=exp.compute_budget_s)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
 

@@ -637,7 +637,7 @@ def test_the_compute_term_is_timed_for_the_configured_budget(tmp_path, data_dir,
 
   calls = []
 
-  def measure(exp, candidates, repeats=20, budget_s=2.0, state=None):
+  def measure(exp, state, candidates, repeats=20, budget_s=2.0):
     calls.append((list(candidates), repeats, budget_s))
     return [0.125] * len(candidates)
 
