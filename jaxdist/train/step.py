@@ -16,12 +16,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
@@ -303,6 +304,7 @@ def make_train_step(
   counted: bool = False,
   per_worker: str = 'auto',
   loss: Loss = cross_entropy,
+  replicated: bool = True,
 ) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
   """A jitted `(state, x_WxBx..., y_WxB[, counts_W[, scale_W]]) -> (state, metrics)`; donates state.
 
@@ -364,6 +366,12 @@ def make_train_step(
   `wire`: for each `Transfer` in the optimizer state (in tree order), how many
   times it ran this step summed over workers. The per-worker figures cross
   the devices in one all-gather, beside the chain's own collectives.
+  With `replicated=False` the step sends nothing of its own: it returns the
+  per-worker figures as they are, sharded over the workers (`RawMetrics`),
+  and `reduce_metrics` makes the same metrics of them on the host, after a
+  fetch (`jax.device_get` in one process; `gather_metrics` across
+  processes, one collective for many steps' figures). The trainer does so,
+  so that a step of local SGD that sends nothing waits for nothing.
 
   Args:
     model: the Flax module (above).
@@ -373,9 +381,11 @@ def make_train_step(
     counted: take per-worker counts (and a scale) (above).
     per_worker: how a device's workers compute their gradients (above).
     loss: per-example loss (above).
+    replicated: return the metrics replicated (above), or per worker.
 
   Returns:
-    The step.
+    The step; with `replicated=False` its attribute `runs` is what
+    `reduce_metrics` needs to count the transfers.
   """
 
   _check_way(per_worker, counted, staggered, tx)
@@ -425,14 +435,25 @@ def make_train_step(
     if split and comm.find_transfers(state.opt_state[1]):
       raise ValueError("a SplitChain's device part runs once per device: it must not communicate")
     state, per_worker = mapped(state, x, y, tx_args, *extra)
-    runs = workers.per_device if one_model else 1  # a device's transfer runs once per worker
+    if not replicated:
+      return state, _raw_metrics(state, per_worker, extra[:1], split)
     return state, _replicated_metrics(state, per_worker, extra[:1], workers, runs, split)
 
-  return jax.jit(
+  runs = workers.per_device if one_model else 1  # a device's transfer runs once per worker
+  jitted = jax.jit(
     step,
     donate_argnums=0,
-    out_shardings=(workers.sharding, workers.replicated),
+    out_shardings=(workers.sharding, workers.replicated if replicated else None),
   )
+  if replicated:
+    return jitted
+
+  @functools.wraps(step)
+  def raw_step(*args, **kwargs):
+    return jitted(*args, **kwargs)
+
+  raw_step.runs = [runs_ for _, runs_ in _parts(None, runs, split)]
+  return raw_step
 
 
 def _replicated_metrics(state: TrainState, per_worker, counts, workers: Workers, per_entry: int,
@@ -461,7 +482,85 @@ def _parts(opt_state, runs: int, split: bool) -> list[tuple[Any, int]]:
   """(part of the optimizer state, how often each of its transfers runs per entry), in tree
   order: a device's transfer runs once per worker (`runs`), a worker's once (a split
   chain's first part)."""
-  return [(opt_state[0], 1), (opt_state[1], runs)] if split else [(opt_state, runs)]
+  if split:
+    return [(None if opt_state is None else opt_state[0], 1),
+            (None if opt_state is None else opt_state[1], runs)]  # fmt: skip
+  return [(opt_state, runs)]
+
+
+class RawMetrics(NamedTuple):
+  """A step's metrics before reduction (`make_train_step(replicated=False)`), per worker.
+
+  Every array's leading axis is the workers' (a device's, for a transform
+  that runs once per device), sharded over them.
+
+  Attributes:
+    per_worker: `loss` and, where reported, `accuracy`, each [W].
+    counts: () or (the per-worker example counts [W],) with `counted`.
+    wire: per part of the chain's state, each `Transfer`'s count per entry.
+    probes: the chain's probes (`jaxdist.probes.metrics`), per worker.
+  """
+
+  per_worker: dict[str, Any]
+  counts: tuple
+  wire: list
+  probes: dict[str, Any]
+
+
+def _raw_metrics(state: TrainState, per_worker, counts, split: bool) -> RawMetrics:
+  wire = [
+    [t.count for t in comm.find_transfers(part)] for part, _ in _parts(state.opt_state, 1, split)
+  ]
+  return RawMetrics(per_worker, tuple(counts), wire, probes.metrics(state.opt_state))
+
+
+def reduce_metrics(raw: RawMetrics, runs: Sequence[int]) -> dict[str, Any]:
+  """The metrics of a replicated step (`make_train_step`), from its per-worker figures fetched.
+
+  Computed in NumPy in float32, as the device computes them: `loss` and
+  `accuracy` averaged over workers (over examples, with counts), `wire` each
+  transfer's runs summed over workers, and the probes as they are.
+
+  Args:
+    raw: the step's `RawMetrics`, on the host (NumPy arrays).
+    runs: per part of the chain's state, how often its transfers run per entry (the raw
+      step's `runs` attribute).
+
+  Returns:
+    The metrics dict.
+  """
+  per_worker = {k: np.asarray(v, np.float32) for k, v in raw.per_worker.items()}
+  if raw.counts:
+    counts = np.asarray(raw.counts[0]).astype(np.float32)
+    w = counts / np.float32(max(float(np.sum(counts)), 1.0))
+    metrics = {k: np.sum(v * w, dtype=np.float32) for k, v in per_worker.items()}
+  else:
+    metrics = {k: np.mean(v, dtype=np.float32) for k, v in per_worker.items()}
+  metrics['wire'] = tuple(
+    int(np.sum(c)) * r for cs, r in zip(raw.wire, runs, strict=True) for c in cs
+  )
+  metrics.update({k: np.asarray(v) for k, v in raw.probes.items()})
+  return metrics
+
+
+def metrics_gather(raws: Sequence[RawMetrics], workers: Workers) -> Callable:
+  """A compiled program that replicates steps' `RawMetrics` like `raws` on every process.
+
+  One all-gather for them all (their 32-bit figures side by side), where a
+  replicated step has one of its own each.
+
+  Args:
+    raws: steps' raw metrics (or shape-dtype structs of them), as many as
+      the program is to take.
+    workers: the layout.
+
+  Returns:
+    The program: a list of that many `RawMetrics` -> the same, replicated.
+  """
+  gather = jax.jit(
+    lambda trees: _replicated_together(trees, workers.replicated), out_shardings=workers.replicated
+  )
+  return gather.lower(list(raws)).compile()
 
 
 def _replicated_together(tree, replicated):

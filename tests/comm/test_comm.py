@@ -165,3 +165,44 @@ def test_all_to_all_over_one_level_of_a_hierarchy():
 def test_all_to_all_needs_a_row_per_worker():
   with pytest.raises(ValueError, match=r'leading axis of the 8 workers .* got shape \(4, 3\)'):
     exchange_on(1, np.zeros((8, 4, 3), np.float32))
+
+
+def _lowered_psum(tree, pack):
+  workers = runtime.layout(8, devices=8)
+  step = jax.jit(workers.map(lambda t: comm.psum(t, workers.axis_name, pack=pack)[0], in_axes=(0,)))
+  args = jax.device_put(jax.tree.map(lambda x: jnp.broadcast_to(x, (8, *x.shape)), tree),
+                        workers.sharding)  # fmt: skip
+  return step(args), comm.hlo.collectives(step.lower(args).compile().as_text())
+
+
+def test_a_packed_tree_is_one_all_reduce_per_dtype_with_the_same_sums():
+  """3 float32 leaves and 2 int32 ones: packed, one all-reduce of 4 * (6 + 1 + 4) bytes and one
+  of 4 * (2 + 3); unpacked, XLA's one operand per leaf. Sums by hand: 8 workers hold the same."""
+  tree = {
+    'a': jnp.arange(6.0).reshape(2, 3), 'b': jnp.float32(1.5), 'c': jnp.arange(2, dtype=jnp.int32),
+    'd': jnp.full((4,), -0.25), 'e': jnp.array([7, 8, 9], jnp.int32),
+  }  # fmt: skip
+  packed, found = _lowered_psum(tree, True)
+  per_op = sorted((d, n) for c in found for d, n in zip(c.dtypes, _op_bytes(c), strict=True))
+  assert per_op == [('f32', 4 * 11), ('s32', 4 * 5)]
+  plain, found_plain = _lowered_psum(tree, False)
+  assert sum(len(c.dtypes) for c in found_plain) == 5  # one operand per leaf
+  want = {'a': 8 * np.arange(6.0).reshape(2, 3), 'b': 12.0, 'c': [0, 8], 'd': [-2.0] * 4,
+          'e': [56, 64, 72]}  # fmt: skip
+  for got in (packed, plain):
+    for k, v in want.items():
+      np.testing.assert_array_equal(got[k][3], np.asarray(v, got[k].dtype))
+      assert got[k].dtype == tree[k].dtype and got[k].shape[1:] == tree[k].shape
+
+
+def _op_bytes(c):
+  """Bytes of each operand of one collective (all of a dtype here: equal split by dtype)."""
+  assert len(c.dtypes) == 1, c
+  return [c.nbytes]
+
+
+def test_packs_are_bounded_by_size_and_split_by_dtype():
+  leaves = [jnp.zeros(10), jnp.zeros(5, jnp.int32), jnp.zeros(20), jnp.zeros(3), jnp.zeros(2)]
+  assert comm.pack_groups(leaves, limit=4 * 30) == [[0, 2], [1], [3, 4]]
+  assert comm.pack_groups(leaves) == [[0, 2, 3, 4], [1]]
+  assert comm.pack_groups([jnp.zeros(50), jnp.zeros(1)], limit=4 * 10) == [[0], [1]]
