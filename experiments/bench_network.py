@@ -24,9 +24,10 @@ the link α and β fitted across the hosts with the runs' layout,
 the table says why, from the run's own figures: the difference is within
 the steps' noise, or it is spread over the step's collectives beside what
 one collective's α costs. The time to `--target` accuracy (default: the
-first variant's final one on that link) is measured, divided by the first
-variant's, and modelled as that many steps of the unlimited run's compute
-plus their modelled communication. 'unlimited' must be among the rates for
+first variant's final one on that link) is measured, divided by the fastest
+dense variant's on that link (per-leaf or bucketed all-reduce: the baseline a
+user would pick), and modelled as that many steps of the unlimited run's
+compute plus their modelled communication. 'unlimited' must be among the rates for
 the communication columns.
 
 With `--torch_python` (a Python with torch and scikit-learn), the peers'
@@ -303,18 +304,36 @@ def row(result: dict, free: dict | None, target: float | None) -> dict:
   }  # fmt: skip
 
 
-def versus_first(rows: list[dict]) -> None:
-  """Each row's measured time to the target over the first row's (one link's runs)."""
-  first = rows[0]['_to_target'] if rows else None
+DENSE = ('allreduce', 'bucketed_allreduce')  # the methods a dense baseline may be
+
+
+def versus_dense(rows: list[dict], dense: set[str]) -> None:
+  """Each row's measured time to the target over the fastest dense variant's, on one link.
+
+  The baseline is the best of the variants in `dense` (per-leaf or bucketed
+  all-reduce) that reached the target on this link; the first row's where
+  none is dense (a table of other methods alone).
+  """
+  times = [r['_to_target'] for r in rows if r['variant'] in dense and r['_to_target']]
+  base = min(times) if times else (rows[0]['_to_target'] if rows else None)
   for r in rows:
     mine = r['_to_target']
-    r['to_vs_first'] = f'{mine / first:.2f}' if mine is not None and first else '-'
+    r['to_vs_dense'] = f'{mine / base:.2f}' if mine is not None and base else '-'
+
+
+def dense_variants(group) -> set[str]:
+  """The names of `group`'s variants whose method is a dense all-reduce (`DENSE`)."""
+  method = lambda o: (o.get('sync') or {}).get('method', o.get('sync.method'))
+  default = method(group.settings) or 'allreduce'
+  return {n for n, o in group.variants.items() if (method(o) or default) in DENSE}
 
 
 def ddp_row(line: dict, mine: dict | None, k: int, rate: str, method: str) -> dict:
   """DDP's run of a method beside jaxdist's run of the variant of that name on the same link."""
   ddp_ms = line['median_step_ms'] if peer_ddp.ok(line) else None
   jd_ms = 1e3 * _median(mine['records'], 'step_s') if mine else None
+  ddp_mean = line.get('mean_step_ms') if ddp_ms else None
+  jd_mean = 1e3 * _mean(mine['records'], 'step_s') if mine else None
   final = _final(mine['records']) if mine else None
   sent = line.get('bytes_per_rank_per_step_avg_over_run_analytic')
   return {
@@ -322,6 +341,9 @@ def ddp_row(line: dict, mine: dict | None, k: int, rate: str, method: str) -> di
     'ddp_ms': f'{ddp_ms:.1f}' if ddp_ms else f'failed: {line.get("error", "?")[:80]}',
     'jd_ms': f'{jd_ms:.1f}' if jd_ms else '-',
     'ratio': f'{jd_ms / ddp_ms:.2f}' if jd_ms and ddp_ms else '-',
+    'ddp_mean': f'{ddp_mean:.1f}' if ddp_mean else '-',
+    'jd_mean': f'{jd_mean:.1f}' if jd_mean else '-',
+    'mean_ratio': f'{jd_mean / ddp_mean:.2f}' if jd_mean and ddp_mean else '-',
     'ddp_acc': f'{line["test_acc"]:.4f}' if ddp_ms else '-',
     'jd_acc': f'{final:.4f}' if final is not None else '-',
     'ddp_sent': f'{sent:,.0f}' if sent is not None else '-',
@@ -378,7 +400,7 @@ def collect(k: int, rate: str, names: list[str]) -> tuple[dict, list[dict], dict
   return fit, results, ddp
 
 
-def tabulate(names: list[str], workers: int) -> tuple[list, list, list, dict]:
+def tabulate(names: list[str], workers: int, dense: set[str]) -> tuple[list, list, list, dict]:
   """The links', runs' and DDP's rows of every hosts and rate, from the workdir; the fitted α."""
   rows, links, ddp_rows, latency = [], [], [], {}
   for k in (int(h) for h in FLAGS.hosts):
@@ -393,7 +415,7 @@ def tabulate(names: list[str], workers: int) -> tuple[list, list, list, dict]:
     free = {r['name']: r for r in runs.get('unlimited', ([], None))[0]}
     for results, target in runs.values():
       mine = [row(r, free.get(r['name']), target) for r in results]
-      versus_first(mine)
+      versus_dense(mine, dense)
       rows += mine
   return rows, links, ddp_rows, latency
 
@@ -426,7 +448,7 @@ def main(argv):
   if not FLAGS.tables_only:
     with open(os.path.join(FLAGS.workdir, 'command.txt'), 'w') as f:
       f.write(' '.join(['python', 'experiments/bench_network.py', *sys.argv[1:]]) + '\n')
-  rows, links, ddp_rows, latency = tabulate(names, workers)
+  rows, links, ddp_rows, latency = tabulate(names, workers, dense_variants(group))
   target = FLAGS.target or "the first variant's final on that link"
   title = (f'{FLAGS.config} with {FLAGS.variants} settings, {workers} workers on {FLAGS.hosts} '
            f'hosts, {FLAGS.steps} steps; target {FLAGS.metric} {target}')  # fmt: skip

@@ -15,8 +15,8 @@ from jaxdist.train.config import compressed, method
 SETTINGS = compare.load_group(os.path.join(os.path.dirname(__file__), 'peers.py')).settings
 VARIANTS = {
   'dense': method('allreduce'),
-  # the same numbers, its leaves flattened into 25 MiB buckets (DDP's): one collective where
-  # XLA's tuple all-reduce has one operand per leaf, each costly between processes on a CPU
+  # the same numbers in DDP's layout, 25 MiB buckets; on the CPU the dense all-reduce packs its
+  # leaves into one buffer per dtype as well (jd.comm.packed), so the two send alike
   'dense_bucketed': method('bucketed_allreduce', buckets=25 * 2**20),
   'topk1_ef': compressed('topk', ratio=0.01, selection='bisect'),
   'artopk1': compressed('topk', 'allreduce', ratio=0.01),

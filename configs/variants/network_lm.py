@@ -22,8 +22,8 @@ STREAMING = method(
 
 VARIANTS = {
   'bsp': method('allreduce'),
-  # the same numbers, its leaves flattened into 25 MiB buckets (DDP's): one collective where
-  # XLA's tuple all-reduce has one operand per leaf, each costly between processes on a CPU
+  # the same numbers in DDP's layout, 25 MiB buckets; on the CPU the dense all-reduce packs its
+  # leaves into one buffer per dtype as well (jd.comm.packed), so the two send alike
   'bsp_bucketed': method('bucketed_allreduce', buckets=25 * 2**20),
   'int8_allreduce': method('quantized_allreduce', format='int8'),
   'diloco10': {**method('diloco', period=10), **INNER},

@@ -6,7 +6,6 @@ from jaxdist.comm.collectives import (
   ALL_REDUCE,
   ALL_TO_ALL,
   KINDS,
-  PACK_BYTES,
   PERMUTE,
   AxisName,
   Transfer,
@@ -17,9 +16,6 @@ from jaxdist.comm.collectives import (
   axis_size,
   find_transfers,
   overlapped,
-  pack_groups,
-  packed,
-  packs,
   pmax,
   pmean,
   psum,
@@ -30,6 +26,7 @@ from jaxdist.comm.collectives import (
   transfer,
   tree_nbytes,
 )
+from jaxdist.comm.packing import PACK_BYTES, pack_groups, packed, packs
 
 __all__ = [
   'ALL_GATHER',

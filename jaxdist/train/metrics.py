@@ -23,7 +23,7 @@ TENSORBOARD_DIR = 'tensorboard'
 # Events tensorboardX holds before `write` waits for its writer thread (its default: 10).
 TENSORBOARD_QUEUE = 1000
 # Fields that hold wall-clock measurements (or derive from them): they differ from run to run.
-TIMING_PREFIXES = ('step_s', 'modelled_s@')
+TIMING_PREFIXES = ('step_s', 'host_wait_s', 'modelled_s@')
 
 
 def without_timings(record: Mapping[str, Any]) -> dict[str, Any]:

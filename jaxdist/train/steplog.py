@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdist import control, netmodel
-from jaxdist.train import ledger, metrics
+from jaxdist.train import ledger, metrics, step_metrics
 
 
 class Clock:
@@ -154,8 +154,16 @@ class StepLog:
     if self._pending:
       self._pending[-1][4].update(fields)
 
-  def flush(self) -> None:
-    """Fetches and writes every pending record."""
+  def flush(self, alone: bool = False) -> None:
+    """Fetches and writes every pending record.
+
+    Args:
+      alone: only this process flushes here (it is about to kill itself):
+        records whose reading needs the other processes (`fetch.every > 1`)
+        stay pending, and are lost with the process.
+    """
+    if alone and self.every > 1:
+      return
     if self._inflight is not None:
       self._write(self._inflight[0], self.fetch.read(self._inflight[1]))
       self._inflight = None
@@ -166,25 +174,35 @@ class StepLog:
     self._write(done, self.fetch.read(self.fetch.start([e[1] for e in done])))
 
   def _time_last(self) -> None:
-    """Waits for the latest pushed step on this process's devices; its `step_s`."""
+    """Waits for the latest pushed step on this process's devices.
+
+    Its `step_s` (from the end of the step before it), and `host_wait_s`, the part
+    of it the host spent waiting for the devices here (the rest, the loop's
+    own work on the host: the batch, the dispatch, the records).
+    """
     if not self._pending or self._pending[-1][3] is not None:
       return
+    tick = time.perf_counter()
     jax.block_until_ready(self._pending[-1][1])
     now = time.perf_counter()
-    self._pending[-1][3] = now - self._last_done if self._last_done else None
+    first = self._last_done is None
+    self._pending[-1][3] = {
+      'step_s': None if first else now - self._last_done,
+      'host_wait_s': None if first else now - tick,
+    }
     self._last_done = now
 
   def _write(self, entries, fetched) -> None:
-    for (t, _, plan, step_s, extra), m in zip(entries, fetched, strict=True):
-      self._record(t, plan, step_s, extra, m)
+    for (t, _, plan, times, extra), m in zip(entries, fetched, strict=True):
+      self._record(t, plan, times, extra, m)
 
-  def _record(self, t: int, plan: control.Plan, step_s, extra: dict, m: dict) -> None:
+  def _record(self, t: int, plan: control.Plan, times: dict, extra: dict, m: dict) -> None:
     record = {
       'loss': float(m['loss']),
       'accuracy': float(m['accuracy']),
       'learning_rate': self.rates(t - 1),
       **self.prices.record(t, [int(c) for c in m['wire']]),
-      'step_s': step_s,
+      **times,
       **extra,
     }
     compute_s = self.compute_at(plan)
@@ -196,3 +214,66 @@ class StepLog:
     record.update(self.observe(control.Record(t, plan, {'step': t, **record}, m)))
     self.writer.write(t, record)
     self.on_write(record)
+
+
+class PerWorkerFetch(Fetch):
+  """Reads the train step's per-worker metrics (`step_metrics.RawMetrics`), reduced on the host.
+
+  In one process the figures are all here: each step is read one step late
+  (`jax.device_get`). Across processes each holds its own workers'; the
+  finished steps are gathered `GATHER_EVERY` at a time in one all-gather
+  (`step_metrics.metrics_gather`, compiled at the first step; fewer steps at a flush
+  are padded to as many), not one collective per step.
+
+  Args:
+    workers: the layout.
+    runs: the train step's `runs` (`step_metrics.reduce_metrics`).
+  """
+
+  GATHER_EVERY = 10
+
+  def __init__(self, workers, runs):
+    self.workers, self.runs = workers, runs
+    self.every = 1 if jax.process_count() == 1 else self.GATHER_EVERY
+    self._gather = None
+
+  def prepare(self, device_metrics) -> None:
+    """Compiles the gather of `every` steps' metrics like `device_metrics` (several processes).
+
+    Args:
+      device_metrics: the first step's `RawMetrics`.
+    """
+    if self.every > 1 and self._gather is None:
+      self._gather = step_metrics.metrics_gather([device_metrics] * self.every, self.workers)
+
+  def start(self, device_metrics):
+    """Starts fetching steps' `RawMetrics`: across processes, their gather, `every` at a time.
+
+    Args:
+      device_metrics: the steps' `RawMetrics`, on the devices.
+
+    Returns:
+      What `read` takes.
+    """
+    if self.every == 1:
+      return device_metrics
+    n = len(device_metrics)
+    padded = [*device_metrics, *[device_metrics[-1]] * (-n % self.every)]
+    gathered = [
+      self._gather(padded[i : i + self.every])[: min(self.every, n - i)]
+      for i in range(0, n, self.every)
+    ]
+    for x in jax.tree.leaves(gathered):
+      x.copy_to_host_async()
+    return [raw for part in gathered for raw in part]
+
+  def read(self, handle):
+    """The steps' metrics dicts (`step_metrics.reduce_metrics`).
+
+    Args:
+      handle: what `start` returned.
+
+    Returns:
+      One dict per step, in order.
+    """
+    return [step_metrics.reduce_metrics(raw, self.runs) for raw in jax.device_get(handle)]

@@ -48,7 +48,7 @@ from jaxdist.train.resume import (
   open_workdir,
   restore_or_init,
 )
-from jaxdist.train.steplog import Clock, Fetch, StepLog
+from jaxdist.train.steplog import Clock, PerWorkerFetch, StepLog
 
 ConfigError = factory.ConfigError
 
@@ -105,14 +105,9 @@ def train(
     exp.model, exp.tx, workers, ds.input_shape, exp.way, input_dtype=ds.input_dtype
   )
   train_step = step_lib.make_train_step(
-    exp.model,
-    exp.tx,
-    workers,
-    staggered=exp.staggered,
-    counted=exp.counted,
-    per_worker=exp.way,
-    replicated=False,
-  )
+    exp.model, exp.tx, workers, staggered=exp.staggered, counted=exp.counted, per_worker=exp.way,
+    replicated=False,  # per-worker metrics, reduced on the host: the step sends nothing of its own
+  )  # fmt: skip
   state_shape = jax.eval_shape(init, jax.random.key(exp.seed))
   ckpt = checkpoint.Checkpointer(os.path.join(exp.workdir, CHECKPOINTS), keep=exp.keep_checkpoints)
   with interrupt.Stop(exp.steps) as stop:
@@ -130,8 +125,8 @@ def train(
     host = Host(exp, compute_s, prices, clock, calibrate.candidate_step_s(exp, meta, state))
     host.restore(control_state)
     writer = metrics.MetricsWriter(exp.workdir, start, enabled=lead)
-    fetch = PerWorkerFetch(workers, train_step.runs)
-    log = StepLog(writer, prices, exp.schedule, bar.show, host.observe, host.compute_at, fetch)
+    log = StepLog(writer, prices, exp.schedule, bar.show, host.observe, host.compute_at,
+                  PerWorkerFetch(workers, train_step.runs))  # fmt: skip
 
     def step(t: int, state):
       plan = host.plan(t, log)  # first the last step's record, if the plan reads it
@@ -178,48 +173,6 @@ def train(
   if lead:
     _report(exp, summary, records, log.writer.path, label, tables)
   return summary
-
-
-class PerWorkerFetch(Fetch):
-  """Reads the train step's per-worker metrics (`step.RawMetrics`) and reduces them on the host.
-
-  In one process the figures are all here: each step is read one step late
-  (`jax.device_get`). Across processes each holds its own workers'; the
-  finished steps are gathered `GATHER_EVERY` at a time in one all-gather
-  (`step.metrics_gather`, compiled at the first step; fewer steps at a flush
-  are padded to as many), not one collective per step.
-
-  Args:
-    workers: the layout.
-    runs: the train step's `runs` (`step.reduce_metrics`).
-  """
-
-  GATHER_EVERY = 10
-
-  def __init__(self, workers, runs):
-    self.workers, self.runs = workers, runs
-    self.every = 1 if jax.process_count() == 1 else self.GATHER_EVERY
-    self._gather = None
-
-  def prepare(self, device_metrics) -> None:
-    if self.every > 1 and self._gather is None:
-      self._gather = step_lib.metrics_gather([device_metrics] * self.every, self.workers)
-
-  def start(self, device_metrics):
-    if self.every == 1:
-      return device_metrics
-    n = len(device_metrics)
-    padded = [*device_metrics, *[device_metrics[-1]] * (-n % self.every)]
-    gathered = [
-      self._gather(padded[i : i + self.every])[: min(self.every, n - i)]
-      for i in range(0, n, self.every)
-    ]
-    for x in jax.tree.leaves(gathered):
-      x.copy_to_host_async()
-    return [raw for part in gathered for raw in part]
-
-  def read(self, handle):
-    return [step_lib.reduce_metrics(raw, self.runs) for raw in jax.device_get(handle)]
 
 
 def _close(*things) -> None:
@@ -321,7 +274,7 @@ def kill_at_step(step: int, signum: int, log: StepLog, ckpt: checkpoint.Checkpoi
     if loop.t != step:
       return
     if signum == signal.SIGKILL:
-      log.flush()
+      log.flush(alone=True)  # the other processes go on: nothing that needs them
       log.writer.flush()
       ckpt.wait()  # only so that which checkpoint survives is deterministic
     logging.warning('fault.kill_at_step=%d: sending %s to this process', loop.t,

@@ -247,6 +247,7 @@ def test_the_network_benchmark_trains_the_peers_work(bench):
     'optimizer.learning_rate': 0.05, 'optimizer.nesterov': False,
     'optimizer.schedule': 'constant', 'optimizer.weight_decay': 0.0,
     'optimizer.warmup_steps': 0, 'sync.local_sgd.warmup_steps': 11,
+    'noise_every': 0,  # a diagnostic DDP does not run
   }  # fmt: skip
   assert bench.SETTINGS == {'workers': 8, 'progress': False}
   for name in bench.DDP_ARGS:
