@@ -59,7 +59,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import netns  # noqa: E402  (experiments/netns.py, beside this script)
 import peer_ddp  # noqa: E402
-from network_report import COLUMNS, DDP_COLUMNS, LINK_COLUMNS, link_row, notes, plot  # noqa: E402
+from network_report import (  # noqa: E402
+  BREAKDOWN_COLUMNS,
+  COLUMNS,
+  DDP_COLUMNS,
+  LINK_COLUMNS,
+  breakdown,
+  breakdown_figure,
+  link_row,
+  notes,
+  plot,
+)
 
 flags.DEFINE_list('hosts', ['2'], 'Numbers of hosts (network namespaces, one process each).')
 flags.DEFINE_list('rates', ['100', 'unlimited'], "Link rates in Mbit/s, or 'unlimited'.")
@@ -301,7 +311,14 @@ def row(result: dict, free: dict | None, target: float | None) -> dict:
     '_comm': comm if net else None, '_noise': noise, '_nominal': nominal, '_fitted': fitted,
     '_collectives': _mean(records, 'collectives'), '_to_target': to_target,
     '_overlap': _mean(records, f'overlap_s@{net}') if net else None,
+    '_mean': _mean(records, 'step_s'), '_host': _host_s(records), 'method_name': result['name'],
   }  # fmt: skip
+
+
+def _host_s(records: list[dict]) -> float:
+  """The loop's mean work on the host per step: each step less its wait for the devices."""
+  timed = [r for r in _timed(records) if r.get('step_s') and r.get('host_wait_s') is not None]
+  return statistics.mean(r['step_s'] - r['host_wait_s'] for r in timed) if timed else 0.0
 
 
 DENSE = ('allreduce', 'bucketed_allreduce')  # the methods a dense baseline may be
@@ -328,6 +345,10 @@ def dense_variants(group) -> set[str]:
   return {n for n, o in group.variants.items() if (method(o) or default) in DENSE}
 
 
+# The most jaxdist's median step may be, as a multiple of DDP's on the same link (issue 44)
+DDP_TARGETS = {'dense': 1.0, 'local4': 1.2, 'powersgd2': 0.8}
+
+
 def ddp_row(line: dict, mine: dict | None, k: int, rate: str, method: str) -> dict:
   """DDP's run of a method beside jaxdist's run of the variant of that name on the same link."""
   ddp_ms = line['median_step_ms'] if peer_ddp.ok(line) else None
@@ -344,6 +365,7 @@ def ddp_row(line: dict, mine: dict | None, k: int, rate: str, method: str) -> di
     'ddp_mean': f'{ddp_mean:.1f}' if ddp_mean else '-',
     'jd_mean': f'{jd_mean:.1f}' if jd_mean else '-',
     'mean_ratio': f'{jd_mean / ddp_mean:.2f}' if jd_mean and ddp_mean else '-',
+    'target': _target_cell(method, jd_ms / ddp_ms if jd_ms and ddp_ms else None),
     'ddp_acc': f'{line["test_acc"]:.4f}' if ddp_ms else '-',
     'jd_acc': f'{final:.4f}' if final is not None else '-',
     'ddp_sent': f'{sent:,.0f}' if sent is not None else '-',
@@ -400,11 +422,12 @@ def collect(k: int, rate: str, names: list[str]) -> tuple[dict, list[dict], dict
   return fit, results, ddp
 
 
-def tabulate(names: list[str], workers: int, dense: set[str]) -> tuple[list, list, list, dict]:
-  """The links', runs' and DDP's rows of every hosts and rate, from the workdir; the fitted α."""
-  rows, links, ddp_rows, latency = [], [], [], {}
+def tabulate(names: list[str], workers: int, dense: set[str]) -> tuple[list, ...]:
+  """The links', runs' and DDP's rows of every hosts and rate, from the workdir; the fitted α;
+  where each step goes (`_breakdowns`)."""
+  rows, links, ddp_rows, latency, split = [], [], [], {}, []
   for k in (int(h) for h in FLAGS.hosts):
-    runs = {}
+    runs, ddps = {}, {}
     for rate in FLAGS.rates:
       fit, results, ddp = collect(k, rate, names)
       links.append(link_row(k, rate, fit))
@@ -412,12 +435,39 @@ def tabulate(names: list[str], workers: int, dense: set[str]) -> tuple[list, lis
       runs[rate] = (results, FLAGS.target or _final(results[0]['records']))
       mine = {r['name']: r for r in results}
       ddp_rows += [ddp_row(line, mine.get(m), k, rate, m) for m, line in ddp.items()]
+      ddps[rate] = ddp
     free = {r['name']: r for r in runs.get('unlimited', ([], None))[0]}
     for results, target in runs.values():
       mine = [row(r, free.get(r['name']), target) for r in results]
       versus_dense(mine, dense)
       rows += mine
-  return rows, links, ddp_rows, latency
+    split += _breakdowns(rows, ddps, k)
+  return rows, links, ddp_rows, latency, split
+
+
+def _target_cell(method: str, ratio: float | None) -> str:
+  """`≤ target: holds` (or `not`) for the median ratio of a method with a target, else '-'."""
+  target = DDP_TARGETS.get(method)
+  if target is None or ratio is None:
+    return '-'
+  return f'≤ {target:.1f}: {"holds" if ratio <= target else "not"}'
+
+
+def _breakdowns(rows: list[dict], ddps: dict, k: int) -> list[dict]:
+  """Where a step goes (`network_report.breakdown`) for each of k hosts' runs on a limited
+  link, DDP's method of the same name after it."""
+  mine = [r for r in rows if r['hosts'] == k]
+  free = {r['variant']: r for r in mine if r['rate'] == 'unlimited'}
+  out = []
+  for rate in (r for r in FLAGS.rates if r != 'unlimited'):
+    link = f'{rate} Mbit/s'
+    for r in (r for r in mine if r['rate'] == link and r['variant'] in free):
+      out.append(breakdown(r, free[r['variant']]))
+      lines = ddps.get(rate, {}).get(r['variant']), ddps.get('unlimited', {}).get(r['variant'])
+      if all(peer_ddp.ok(line) for line in lines):
+        out.append(breakdown(r, r, {'limited': lines[0], 'free': lines[1], 'hosts': k,
+                                    'rate': link, 'method_name': r['variant']}))  # fmt: skip
+  return out
 
 
 def measured_by() -> str:
@@ -448,7 +498,7 @@ def main(argv):
   if not FLAGS.tables_only:
     with open(os.path.join(FLAGS.workdir, 'command.txt'), 'w') as f:
       f.write(' '.join(['python', 'experiments/bench_network.py', *sys.argv[1:]]) + '\n')
-  rows, links, ddp_rows, latency = tabulate(names, workers, dense_variants(group))
+  rows, links, ddp_rows, latency, split = tabulate(names, workers, dense_variants(group))
   target = FLAGS.target or "the first variant's final on that link"
   title = (f'{FLAGS.config} with {FLAGS.variants} settings, {workers} workers on {FLAGS.hosts} '
            f'hosts, {FLAGS.steps} steps; target {FLAGS.metric} {target}')  # fmt: skip
@@ -463,6 +513,14 @@ def main(argv):
   ddp_title = f"the peers' PyTorch DDP ({peer_ddp.PEER_SCRIPT}, gloo) over the same links"
   if ddp_rows:
     print(f'\n{ddp_title}\n' + report.table(ddp_rows, DDP_COLUMNS))
+  split_title = (
+    f'where a step goes (ms, means over the timed steps, {os.cpu_count()} cores shared by all the '
+    "hosts' processes): the loop's own work on the host, the rest of the step at unlimited "
+    '(compute, collectives, waits), and what the limited link adds; DDP: its whole step at '
+    'unlimited rate, and what the link adds'
+  )
+  if split:
+    print(f'\n{split_title}\n' + report.table(split, BREAKDOWN_COLUMNS))
   if FLAGS.results:
     made = report.provenance(measured_by())
     if FLAGS.tables_only:
@@ -474,6 +532,9 @@ def main(argv):
                    + '\n'.join(f'- {w}' for w in why))  # fmt: skip
     if ddp_rows:
       parts += [f'{ddp_title}:', report.markdown(ddp_rows, DDP_COLUMNS)]
+    if split:
+      parts += [f'{split_title}:', report.markdown(split, BREAKDOWN_COLUMNS)]
+      report.save(breakdown_figure(split), FLAGS.results.removesuffix('.md') + '_steps.png')
     with open(FLAGS.results, 'w') as f:
       f.write('\n\n'.join(parts) + '\n')
     plot(rows, FLAGS.results.removesuffix('.md') + '.png')

@@ -79,6 +79,7 @@ prints it alone.
 """
 
 import math
+import os
 import statistics
 import time
 
@@ -109,6 +110,11 @@ flags.DEFINE_list('lm', [], "Variants of --lm_variants for the LM table ('all': 
 flags.DEFINE_string('lm_variants', 'configs/variants/lm.py', 'Variants file of the LM table.')
 flags.DEFINE_string('lm_config', 'shakespeare_gpt.py', 'Config (with :args) of the LM table.')
 flags.DEFINE_integer('lm_steps', 50, 'Steps per window of the LM table.')
+flags.DEFINE_integer(
+  'lm_trainer_steps',
+  60,
+  "Steps of the trainer's run of each LM variant (0: none): its median step.",
+)
 flags.DEFINE_string('results', None, 'Also write the tables as markdown here, with the command.')
 FLAGS = flags.FLAGS
 
@@ -490,6 +496,8 @@ LM_COLUMNS = [
   ('tokens_text', 'tokens/s'),
   ('compile', 'compile s'),
   ('memory', 'memory/device'),
+  ('trainer_text', "the trainer's median step ms"),
+  ('trainer_ratio', 'trainer ÷ step'),
 ]
 
 
@@ -557,12 +565,35 @@ def _lm_table() -> tuple[str, list[dict]]:
   for name in names:
     row = found[name]
     ms = 1e3 * window_s[name] / steps
+    trainer = _trainer_step_s(compare.variant_config(shared, variants, name))
     rows.append(row | {
       'ms_text': f'{ms:.2f}',
       'ratio_text': f'{window_s[name] / first:.3f}',
       'tokens_text': f'{row["tokens"] / (ms / 1e3):,.0f}',
+      'trainer_text': '-' if trainer is None else f'{1e3 * trainer:.2f}',
+      'trainer_ratio': '-' if trainer is None else f'{1e3 * trainer / ms:.2f}',
     })  # fmt: skip
   return title, rows
+
+
+def _trainer_step_s(config) -> float | None:
+  """The median step of the library's trainer running `config` (`--lm_trainer_steps` steps,
+  the first 3 and the evaluating ones left out; no gradient-noise pass), or None."""
+  import statistics
+  import tempfile
+
+  from jaxdist.train import metrics, trainer
+
+  if not FLAGS.lm_trainer_steps:
+    return None
+  config.steps = FLAGS.lm_trainer_steps
+  config.eval_every = config.checkpoint_every = config.steps
+  config.noise_every, config.progress = 0, False
+  with tempfile.TemporaryDirectory() as tmp:
+    trainer.train_and_evaluate(config, tmp)
+    records = metrics.read_jsonl(os.path.join(tmp, 'metrics.jsonl'))
+  times = [r['step_s'] for r in records[3:] if r.get('step_s') and r.get('test_loss') is None]
+  return statistics.median(times) if times else None
 
 
 def _report(tables: list[tuple[str, str, list[dict], list]]) -> None:

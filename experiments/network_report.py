@@ -34,6 +34,7 @@ DDP_COLUMNS = [
   ('ddp_mean', 'DDP mean step ms'),
   ('jd_mean', 'jaxdist mean step ms'),
   ('mean_ratio', 'mean ÷ DDP mean'),
+  ('target', 'median ÷ DDP, target'),
   ('ddp_acc', 'DDP test acc'),
   ('jd_acc', 'jaxdist final'),
   ('ddp_sent', 'DDP B/rank/step'),
@@ -148,3 +149,86 @@ def plot(rows: list[dict], path: str) -> None:
   from jaxdist.train import report
 
   report.save(figure(rows), path)
+
+
+BREAKDOWN_COLUMNS = [
+  ('hosts', 'hosts'),
+  ('method', 'method'),
+  ('link', 'link'),
+  ('host', 'loop on the host ms'),
+  ('devices', 'devices at unlimited rate ms'),
+  ('unlimited', 'whole step at unlimited rate ms'),
+  ('wire', 'the link ms'),
+  ('total', 'step ms (mean)'),
+]
+SEGMENTS = ('host', 'devices', 'unlimited', 'wire')
+LABELS = {
+  'host': 'the loop on the host',
+  'devices': 'the devices at unlimited rate (compute, collectives, waits)',
+  'unlimited': "DDP's whole step at unlimited rate",
+  'wire': "the limited link's rate",
+}
+
+
+def breakdown(limited: dict, free: dict, ddp: dict | None = None) -> dict:
+  """Where a mean step goes, in ms: one method's run on a limited link and at unlimited rate.
+
+  All three parts are measured, from the runs' records:
+
+  - host: the loop's own work on the host per step, at unlimited rate (each
+    step less the time it waited for its devices: `step_s - host_wait_s`);
+  - devices: the rest of the unlimited step: the workers' compute, the
+    collectives at full speed with their fixed costs, and the processes
+    waiting for one another (on one machine they share its cores);
+  - wire: what the limited link adds (its mean step less the unlimited one).
+
+  DDP's row (`ddp`: its JSON lines on the two links) has its mean steps only:
+  the unlimited one whole, and what the link adds.
+
+  Args:
+    limited: the method's row on the limited link (bench_network's `row`).
+    free: its row at unlimited rate.
+    ddp: DDP's lines {'limited': ..., 'free': ..., 'hosts', 'rate', 'method_name'}, or None.
+
+  Returns:
+    The cells (strings) and, under '_<segment>', the figures in ms.
+  """
+  if ddp is not None:
+    whole, base = ddp['limited']['mean_step_ms'], ddp['free']['mean_step_ms']
+    parts = {'host': None, 'devices': None, 'unlimited': base, 'wire': whole - base}
+  else:
+    whole, base = 1e3 * limited['_mean'], 1e3 * free['_mean']
+    host = 1e3 * free['_host']
+    parts = {'host': host, 'devices': base - host, 'unlimited': None, 'wire': whole - base}
+  cell = lambda v: '-' if v is None else f'{v:.1f}'
+  return {
+    'hosts': limited['hosts'] if ddp is None else ddp['hosts'],
+    'method': ('DDP ' if ddp is not None else '') + (ddp or limited)['method_name'],
+    'link': limited['rate'] if ddp is None else ddp['rate'],
+    **{k: cell(v) for k, v in parts.items()}, 'total': cell(whole),
+    **{f'_{k}': v or 0.0 for k, v in parts.items()},
+  }  # fmt: skip
+
+
+def breakdown_figure(rows: list[dict]):
+  """A stacked bar per method (and DDP's beside it): where a mean step's time goes."""
+  from matplotlib.figure import Figure
+
+  fig = Figure(figsize=(max(5.5, 0.7 * len(rows) + 2), 4.5))
+  ax = fig.subplots()
+  xs = range(len(rows))
+  bottom = [0.0] * len(rows)
+  for seg in SEGMENTS:
+    heights = [max(r[f'_{seg}'], 0.0) for r in rows]
+    ax.bar(xs, heights, bottom=bottom, label=LABELS[seg])
+    bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+  ax.set_xticks(list(xs), [r['method'] for r in rows], fontsize=7, rotation=30, ha='right')
+  hosts = sorted({r['hosts'] for r in rows})
+  ax.set(
+    ylabel='ms per step (mean)',
+    title=f'a step on {rows[0]["link"]}, {"/".join(map(str, hosts))} hosts' if rows else '',
+  )
+  ax.grid(alpha=0.3, axis='y')
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  return fig

@@ -14,8 +14,8 @@ quantiser (float32 without). The payload of a step is one uint8 buffer per
 worker: for each leaf its in-tile positions (12 bits each for tiles of at most
 4,096 entries), then its codes (packed) and 4·(2^bits + 1) bytes of lookup
 table and shift, or its float32 values. One all-gather of it per call; the
-decoding is a scatter per worker and a sum over workers in a fixed order, so
-every worker computes the same mean bitwise.
+decoding adds every worker's entries into one sum, a worker at a time in a
+fixed order, so every worker computes the same mean bitwise.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def encode(e_tiles, leaves, bits, value_range):
 
 
 def decode(payload, leaves, bits):
-  """One worker's payload: each leaf's (values [T, size], selected mask [T, size])."""
+  """One worker's payload: each leaf's (values [T, k], in-tile positions [T, k])."""
   out, at = [], 0
   for leaf in leaves:
     count = leaf.tiles * leaf.k
@@ -138,22 +138,38 @@ def decode(payload, leaves, bits):
       table = _as_floats(payload[at + n_codes : at + n_codes + 4 * (bins + 1)])
       vals = ck.dequantize(codes, table[:bins], table[bins]).reshape(leaf.tiles, -1)
       at += n_codes + 4 * (bins + 1)
-    ones = jnp.ones(vals.shape, jnp.float32)
-    out.append((ck.scatter_tiles(vals, idx, leaf.size), ck.scatter_tiles(ones, idx, leaf.size)))
+    out.append((vals, idx))
   return out
 
 
 def mean_of(gathered_NxB, leaves, bits, average):
-  """Each leaf's mean tiles: per entry over the workers that sent it ('selected') or over all."""
+  """Each leaf's mean tiles: per entry over the workers that sent it ('selected') or over all.
+
+  The workers' kept entries are added into one [T, size] sum (and count) a
+  worker at a time, in worker order (a `lax.scan`; within one worker the
+  positions are distinct), so every worker adds the same numbers in the same
+  order and gets the same mean bitwise, on any backend. No worker's entries
+  are spread into a dense [T, size] array of their own: the sums cost the
+  entries sent (N·T·k), not N dense copies of the tree.
+  """
   decoded = jax.vmap(lambda p: decode(p, leaves, bits))(gathered_NxB)
   n = gathered_NxB.shape[0]
   out = []
-  for vals_N, mask_N in decoded:
-    total = jnp.sum(vals_N, axis=0)
-    if average == 'all':
-      out.append(total / n)
-    else:
-      out.append(total / jnp.maximum(jnp.sum(mask_N, axis=0), 1.0))
+  for leaf, (vals_N, idx_N) in zip(leaves, decoded, strict=True):
+    flat_N = (idx_N + (jnp.arange(leaf.tiles) * leaf.size)[:, None]).reshape(n, -1)
+    vals_N = vals_N.reshape(n, -1).astype(jnp.float32)
+
+    def add(carry, sent):
+      total, count = carry
+      pos, vals = sent
+      total = total.at[pos].add(vals, unique_indices=True)
+      count = count.at[pos].add(1.0, unique_indices=True)
+      return (total, count), None
+
+    zeros = jnp.zeros(leaf.tiles * leaf.size, jnp.float32)
+    (total, count), _ = lax.scan(add, (zeros, zeros), (flat_N, vals_N))
+    mean = total / n if average == 'all' else total / jnp.maximum(count, 1.0)
+    out.append(mean.reshape(leaf.tiles, leaf.size))
   return out
 
 
