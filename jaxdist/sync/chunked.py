@@ -106,7 +106,7 @@ def _untile(t_TxL: jax.Array, shape, chunk: int, dct: bool) -> jax.Array:
 
 
 def encode(e_tiles, leaves, bits, value_range):
-  """(payload uint8[B], each leaf's sent tiles [T, size] as decoded): the worker's C(e)."""
+  """(payload uint8[B], each leaf's sent (values [T, k] as decoded, positions [T, k])): C(e)."""
   parts, sent = [], []
   for t, leaf in zip(e_tiles, leaves, strict=True):
     vals, idx = ck.topk_per_tile(t, leaf.k)
@@ -117,8 +117,24 @@ def encode(e_tiles, leaves, bits, value_range):
       codes, lookup, shift = ck.quantize(vals, bits, value_range)
       vals = ck.dequantize(codes, lookup, shift)
       parts += [ck.pack_codes(codes, bits), _as_bytes(jnp.append(lookup, shift))]
-    sent.append(ck.scatter_tiles(vals, idx, leaf.size))
+    sent.append((vals, idx))
   return jnp.concatenate(parts), sent
+
+
+def _sent_back(vals_TxK, idx_TxK, shape, chunk: int, dct: bool) -> jax.Array:
+  """The leaf of `shape` whose tiles hold only the sent entries (mapped back with `dct`).
+
+  With `dct` the inverse DCT of a tile with k entries is their sum of k outer
+  products of the DCT matrices' rows, C_h[i]ᵀ v C_w[j]: T·k·h·w operations
+  where the dense transform of the scattered tile takes 2·T·h·w·(h + w).
+  """
+  h, w = ck.tile_shape(shape, chunk)
+  if not dct:
+    return _untile(ck.scatter_tiles(vals_TxK, idx_TxK, h * w), shape, chunk, False)
+  rows = jnp.asarray(ck.dct_matrix(h))[idx_TxK // w]  # [T, k, h]
+  cols = jnp.asarray(ck.dct_matrix(w))[idx_TxK % w]  # [T, k, w]
+  tiles = jnp.einsum('tn,tna,tnb->tab', vals_TxK, rows, cols, precision=lax.Precision.HIGHEST)
+  return ck.from_tiles(tiles, shape, chunk)
 
 
 def decode(payload, leaves, bits):
@@ -273,8 +289,8 @@ def chunked_allgather(
     gathered, wire = comm.all_gather(payload, axis_name)
     means = mean_of(gathered, leaves, bits, average)
     new_errors, out = [], []
-    for e, s, m, x in zip(errors, sent, means, xs, strict=True):
-      new_errors.append(e - _untile(s, x.shape, chunk, dct))
+    for e, (vals, idx), m, x in zip(errors, sent, means, xs, strict=True):
+      new_errors.append(e - _sent_back(vals, idx, x.shape, chunk, dct))
       out.append(_untile(m, x.shape, chunk, dct).astype(x.dtype))
     assert wire.nbytes == payload_bytes(leaves, bits)
     error = jax.tree.unflatten(treedef, new_errors)
