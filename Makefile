@@ -60,7 +60,8 @@ docs: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) experiments/bench_step.py
 
-# The language model's step: every variant of configs/variants/lm.py against AdamW's, in turns
+# The language model's step: every variant of configs/variants/lm.py against AdamW's, in turns,
+# and the trainer's median step on the same config
 bench-lm: $(VENV)/.installed
 	$(PY) experiments/bench_step.py --nolayouts --scaling= --overhead_params= --lm=all \
 	  --results=experiments/results/step_lm.md

@@ -69,8 +69,10 @@ then the DiLoCo family and the compressors) on `--lm_config`'s GPT, built by
 the trainer's own factory from the variant's config keys, timed in turns in
 windows of `--lm_steps` steps (a multiple of every period, so that a window
 holds each periodic method's outer steps in their share), with its ratio to
-the first variant's step. `--nolayouts --scaling= --overhead_params= --lm=all`
-prints it alone.
+the first variant's step; beside it, the library's trainer running the same
+config for `--lm_trainer_steps` steps (its median step, the first 3 left out,
+no gradient-noise pass) and its ratio to the timed step: what the loop adds.
+`--nolayouts --scaling= --overhead_params= --lm=all` prints it alone.
 
   python experiments/bench_step.py                       # CNN, digits-sized input
   python experiments/bench_step.py --model=resnet20 --image=32,32,3 --batch=256 \

@@ -126,7 +126,6 @@ class StepLog:
     self.observe = observe or (lambda record: {})
     self.compute_at = compute_at or (lambda plan: None)
     self.fetch = fetch or Fetch()
-    self.every = self.fetch.every
     self._pending: list[list[Any]] = []  # [step, device metrics, plan, step_s, extra fields]
     self._inflight: tuple[list[list[Any]], Any] | None = None  # dispatched, not yet read
     self._last_done: float | None = None
@@ -141,10 +140,10 @@ class StepLog:
       self._write(self._inflight[0], self.fetch.read(self._inflight[1]))
       self._inflight = None
     done = self._pending[:-1]
-    if len(done) >= self.every:
+    if len(done) >= self.fetch.every:
       self._pending = self._pending[-1:]
       handle = self.fetch.start([e[1] for e in done])
-      if self.every == 1:
+      if self.fetch.every == 1:
         self._write(done, self.fetch.read(handle))
       else:
         self._inflight = (done, handle)
@@ -162,7 +161,7 @@ class StepLog:
         records whose reading needs the other processes (`fetch.every > 1`)
         stay pending, and are lost with the process.
     """
-    if alone and self.every > 1:
+    if alone and self.fetch.every > 1:
       return
     if self._inflight is not None:
       self._write(self._inflight[0], self.fetch.read(self._inflight[1]))
