@@ -27,24 +27,10 @@ def runs_of(runs: int, split: bool) -> list[int]:
 
 def replicated(opt_state, per_worker, counts, workers: Workers, per_entry: int,
                split: bool) -> dict[str, Any]:  # fmt: skip
-  """The step's metrics, replicated: the per-worker ones averaged (over examples, with
-  `counts`), the transfers' runs (`wire`) and the chain's probes (`jaxdist.probes`)."""
-  parts = _parts(opt_state, per_entry, split)
-  wire = [[t.count for t in comm.find_transfers(part)] for part, _ in parts]
-  # every per-worker figure replicated by one all-gather, not one collective each
-  per_worker, counts, wire, probed = _replicated_together(
-    (per_worker, counts, wire, probes.metrics(opt_state)), workers.replicated
-  )
-  if counts:  # a mean over examples: workers weighted by their batches
-    w = counts[0].astype(jnp.float32) / jnp.maximum(jnp.sum(counts[0]), 1)
-    metrics = {k: jnp.sum(v * w) for k, v in per_worker.items()}
-  else:
-    metrics = {k: jnp.mean(v) for k, v in per_worker.items()}
-  metrics['wire'] = tuple(
-    jnp.sum(c) * runs for cs, (_, runs) in zip(wire, parts, strict=True) for c in cs
-  )
-  metrics.update(probed)
-  return metrics
+  """The step's metrics, replicated: its `RawMetrics` replicated by one all-gather (not one
+  collective each), then reduced on the devices as `reduce_metrics` does on the host."""
+  gathered = _replicated_together(raw(opt_state, per_worker, counts, split), workers.replicated)
+  return _reduce(gathered, runs_of(per_entry, split), jnp)
 
 
 def _parts(opt_state, runs: int, split: bool) -> list[tuple[Any, int]]:
@@ -97,17 +83,22 @@ def reduce_metrics(raw: RawMetrics, runs: Sequence[int]) -> dict[str, Any]:
   Returns:
     The metrics dict.
   """
-  per_worker = {k: np.asarray(v, np.float32) for k, v in raw.per_worker.items()}
-  if raw.counts:
-    counts = np.asarray(raw.counts[0]).astype(np.float32)
-    w = counts / np.float32(max(float(np.sum(counts)), 1.0))
-    metrics = {k: np.sum(v * w, dtype=np.float32) for k, v in per_worker.items()}
+  return _reduce(raw, runs, np)
+
+
+def _reduce(raw: RawMetrics, runs: Sequence[int], xp) -> dict[str, Any]:
+  """`reduce_metrics` in `xp` (NumPy on the host, jax.numpy on the devices), in float32."""
+  f32 = xp.float32
+  if raw.counts:  # a mean over examples: workers weighted by their batches
+    counts = xp.asarray(raw.counts[0]).astype(f32)
+    w = counts / xp.maximum(xp.sum(counts), f32(1.0))
+    metrics = {k: xp.sum(xp.asarray(v, f32) * w, dtype=f32) for k, v in raw.per_worker.items()}
   else:
-    metrics = {k: np.mean(v, dtype=np.float32) for k, v in per_worker.items()}
-  metrics['wire'] = tuple(
-    int(np.sum(c)) * r for cs, r in zip(raw.wire, runs, strict=True) for c in cs
-  )
-  metrics.update({k: np.asarray(v) for k, v in raw.probes.items()})
+    metrics = {k: xp.mean(xp.asarray(v, f32), dtype=f32) for k, v in raw.per_worker.items()}
+  metrics['wire'] = tuple(xp.sum(c) * r for cs, r in zip(raw.wire, runs, strict=True) for c in cs)
+  if xp is np:
+    metrics['wire'] = tuple(int(c) for c in metrics['wire'])
+  metrics.update({k: xp.asarray(v) for k, v in raw.probes.items()})
   return metrics
 
 
