@@ -63,9 +63,11 @@ from network_report import (  # noqa: E402
   BREAKDOWN_COLUMNS,
   COLUMNS,
   DDP_COLUMNS,
+  EXCHANGE_COLUMNS,
   LINK_COLUMNS,
   breakdown,
   breakdown_figure,
+  exchange_row,
   link_row,
   notes,
   plot,
@@ -77,6 +79,12 @@ flags.DEFINE_string('config', 'configs/digits.py:runlocal', 'Config every run tr
 flags.DEFINE_string('variants', 'configs/variants/network.py', 'Variants file of the methods.')
 flags.DEFINE_list('only', None, 'Variants to run (default: the whole file).')
 flags.DEFINE_integer('steps', 30, 'Training steps per run.')
+flags.DEFINE_integer(
+  'exchange_steps',
+  100,
+  'Also run each variant this many steps with one example per worker and evaluation only at '
+  'the end (0: not): its step is the exchange, with the compute all but removed.',
+)
 flags.DEFINE_integer('skip', 3, 'First steps left out of the medians (compiling, warm-up).')
 flags.DEFINE_float('latency_us', 100.0, "The modelled network's latency (netem is not here).")
 flags.DEFINE_integer('timeout_s', 600, 'Seconds a run may take before it is killed.')
@@ -149,29 +157,51 @@ def _folder(k: int, rate: str) -> str:
   return os.path.abspath(os.path.join(FLAGS.workdir, f'k{k}_{rate}'))
 
 
+EXCHANGE = '.exchange'  # the folder suffix of a variant's run with the compute all but removed
+
+
 def run(
-  hosts: netns.Hosts, name: str, overrides: dict, rate: str, devices: int, fitted: str
+  hosts: netns.Hosts,
+  name: str,
+  overrides: dict,
+  rate: str,
+  devices: int,
+  fitted: str,
+  exchange: bool = False,
 ) -> float:
   """Trains one variant across `hosts`, `devices` CPU devices each; its wall-clock seconds.
 
   The modelled clock prices the steps on the link's nominal rate and on `fitted`.
+  With `exchange`, the run is the variant's exchange alone (`_exchange_flags`),
+  in the folder `name + EXCHANGE`.
   """
   k = hosts.k
-  workdir = os.path.join(_folder(k, rate), name)
+  workdir = os.path.join(_folder(k, rate), name + (EXCHANGE if exchange else ''))
   net = profile(rate)
   nets = ','.join([*([net] if net else []), fitted])
+  steps = FLAGS.exchange_steps if exchange else FLAGS.steps
   base = [
     sys.executable, os.path.join(ROOT, 'experiments', 'train.py'),
     f'--config={os.path.join(ROOT, FLAGS.config)}', f'--workdir={workdir}',
-    f'--config.steps={FLAGS.steps}', '--config.progress=False', '--config.eval_every=10', '--fresh',
-    f'--config.checkpoint_every={FLAGS.steps}',
+    f'--config.steps={steps}', '--config.progress=False', '--config.eval_every=10', '--fresh',
+    f'--config.checkpoint_every={steps}',
     f'--coordinator_address={hosts.addresses[0]}:23456', f'--num_processes={k}',
     *flags_of(overrides), f'--config.network.profiles={nets}',
+    *(_exchange_flags(devices * k, steps) if exchange else []),
   ]  # fmt: skip
   start = time.perf_counter()
   commands = [[*base, f'--process_id={i}', f'--cpu_devices={devices}'] for i in range(k)]
   launch(hosts, commands, workdir, _env())
   return time.perf_counter() - start
+
+
+def _exchange_flags(workers: int, steps: int) -> list[str]:
+  """A run whose step is the variant's exchange: one example per worker, one evaluation.
+
+  The same model, transform and loop send the same bytes; the forward and
+  backward passes over one example are what is left of the compute.
+  """
+  return [f'--config.batch_size={workers}', f'--config.eval_every={steps}']
 
 
 def run_ddp(hosts: netns.Hosts, method: str, rate: str, workers: int, tries: int = 2) -> dict:
@@ -387,6 +417,10 @@ def measure(hosts: netns.Hosts, rate: str, group, names: list[str], workers: int
     wall = run(hosts, name, {**group.settings, **group.variants[name]}, rate, workers // k,
                fit['profile'])  # fmt: skip
     print(f'  {name}: {wall:.0f} s', flush=True)
+    if FLAGS.exchange_steps:
+      wall = run(hosts, name, {**group.settings, **group.variants[name]}, rate, workers // k,
+                 fit['profile'], exchange=True)  # fmt: skip
+      print(f'  {name}, the exchange alone: {wall:.0f} s', flush=True)
   for method in peer_ddp.DDP_ARGS if FLAGS.torch_python else ():
     line = run_ddp(hosts, method, rate, workers)
     print(f'  DDP {method}: {line.get("median_step_ms", line.get("error"))}', flush=True)
@@ -413,6 +447,10 @@ def collect(k: int, rate: str, names: list[str]) -> tuple[dict, list[dict], dict
       records = [json.loads(line) for line in f]
     results.append({'name': name, 'hosts': k, 'rate': rate, 'net': profile(rate),
                     'fitted': fit['profile'], 'records': records})  # fmt: skip
+    alone = os.path.join(folder, name + EXCHANGE, 'metrics.jsonl')
+    if os.path.exists(alone):  # the exchange alone (--exchange_steps)
+      with open(alone) as f:
+        results[-1]['exchange'] = [json.loads(line) for line in f]
   ddp = {}
   for method in peer_ddp.DDP_ARGS:
     path = os.path.join(folder, f'ddp_{method}.json')
@@ -425,7 +463,7 @@ def collect(k: int, rate: str, names: list[str]) -> tuple[dict, list[dict], dict
 def tabulate(names: list[str], workers: int, dense: set[str]) -> tuple[list, ...]:
   """The links', runs' and DDP's rows of every hosts and rate, from the workdir; the fitted α;
   where each step goes (`_breakdowns`)."""
-  rows, links, ddp_rows, latency, split = [], [], [], {}, []
+  rows, links, ddp_rows, latency, split, alone = [], [], [], {}, [], []
   for k in (int(h) for h in FLAGS.hosts):
     runs, ddps = {}, {}
     for rate in FLAGS.rates:
@@ -441,8 +479,20 @@ def tabulate(names: list[str], workers: int, dense: set[str]) -> tuple[list, ...
       mine = [row(r, free.get(r['name']), target) for r in results]
       versus_dense(mine, dense)
       rows += mine
+      paired = [r for r in results if r['net'] and 'exchange' in free.get(r['name'], {})]
+      alone += [_exchange_row(r, free[r['name']]) for r in paired if 'exchange' in r]
     split += _breakdowns(rows, ddps, k)
-  return rows, links, ddp_rows, latency, split
+  return rows, links, ddp_rows, latency, split, alone
+
+
+def _exchange_row(limited: dict, free: dict) -> dict:
+  """`network_report.exchange_row` of a variant's exchange-alone runs on a limited link and
+  at unlimited rate (their timed steps)."""
+  return exchange_row(
+    limited['hosts'], limited['name'], f'{limited["rate"]} Mbit/s',
+    (_timed(limited['exchange']), f'comm_s@{limited["fitted"]}'),
+    (_timed(free['exchange']), f'comm_s@{free["fitted"]}'),
+  )  # fmt: skip
 
 
 def _target_cell(method: str, ratio: float | None) -> str:
@@ -498,7 +548,7 @@ def main(argv):
   if not FLAGS.tables_only:
     with open(os.path.join(FLAGS.workdir, 'command.txt'), 'w') as f:
       f.write(' '.join(['python', 'experiments/bench_network.py', *sys.argv[1:]]) + '\n')
-  rows, links, ddp_rows, latency, split = tabulate(names, workers, dense_variants(group))
+  rows, links, ddp_rows, latency, split, alone = tabulate(names, workers, dense_variants(group))
   target = FLAGS.target or "the first variant's final on that link"
   title = (f'{FLAGS.config} with {FLAGS.variants} settings, {workers} workers on {FLAGS.hosts} '
            f'hosts, {FLAGS.steps} steps; target {FLAGS.metric} {target}')  # fmt: skip
@@ -510,6 +560,13 @@ def main(argv):
   print(f'\n{title}\n' + report.table(rows, COLUMNS))
   why = notes(rows, latency, workers, FLAGS.latency_us)
   print('\n'.join(['', *why]))
+  alone_title = (
+    'the exchange alone (one example per worker, the same transform and loop): what the '
+    'limited link adds to its step, measured, and modelled on the α and β fitted to each link '
+    '(limited less unlimited, in both)'
+  )
+  if alone:
+    print(f'\n{alone_title}\n' + report.table(alone, EXCHANGE_COLUMNS))
   ddp_title = f"the peers' PyTorch DDP ({peer_ddp.PEER_SCRIPT}, gloo) over the same links"
   if ddp_rows:
     print(f'\n{ddp_title}\n' + report.table(ddp_rows, DDP_COLUMNS))
@@ -530,6 +587,8 @@ def main(argv):
     if why:
       parts.append('Where measured and modelled differ by more than 15 %:\n\n'
                    + '\n'.join(f'- {w}' for w in why))  # fmt: skip
+    if alone:
+      parts += [f'{alone_title}:', report.markdown(alone, EXCHANGE_COLUMNS)]
     if ddp_rows:
       parts += [f'{ddp_title}:', report.markdown(ddp_rows, DDP_COLUMNS)]
     if split:

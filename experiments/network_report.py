@@ -7,6 +7,8 @@ head the cells.
 
 from __future__ import annotations
 
+import statistics
+
 COLUMNS = [
   ('hosts', 'hosts'),
   ('variant', 'variant'),
@@ -39,6 +41,53 @@ DDP_COLUMNS = [
   ('jd_acc', 'jaxdist final'),
   ('ddp_sent', 'DDP B/rank/step'),
 ]
+
+EXCHANGE_COLUMNS = [
+  ('hosts', 'hosts'),
+  ('variant', 'variant'),
+  ('rate', 'link'),
+  ('limited', 'exchange alone, median step ms'),
+  ('free', 'at unlimited rate ms'),
+  ('measured', 'the link adds ms (means), measured'),
+  ('noise', 'its standard error ms'),
+  ('modelled', 'modelled on the fitted links ms'),
+  ('ratio', 'measured ÷ modelled'),
+  ('target', 'target'),
+]
+# The most the measured link time of an exchange may be off the modelled one (issue 44)
+MODEL_WITHIN = 0.15
+
+
+def exchange_row(hosts: int, variant: str, link: str, limited: tuple, free: tuple) -> dict:
+  """What a limited link adds to a variant's exchange alone, measured and modelled.
+
+  `limited` and `free` are (the timed step records, the key of their modelled
+  communication on the α and β fitted to their own link) of the variant's
+  exchange-alone runs (bench_network's `--exchange_steps`) on the limited link
+  and at unlimited rate. Measured: the mean step on the limited link less the
+  mean step at unlimited rate. Modelled: the same difference of the modelled
+  communication, so that the fixed costs both links share cancel in it as
+  they do in the measurement. The row holds when the two are within
+  `MODEL_WITHIN` of each other.
+  """
+  (lim, lim_key), (unl, unl_key) = limited, free
+  steps = lambda records: [r['step_s'] for r in records]
+  mean = lambda records, key: statistics.mean(r[key] for r in records)
+  stderr = lambda xs: statistics.stdev(xs) / len(xs) ** 0.5
+  measured = mean(lim, 'step_s') - mean(unl, 'step_s')
+  noise = (stderr(steps(lim)) ** 2 + stderr(steps(unl)) ** 2) ** 0.5
+  modelled = mean(lim, lim_key) - mean(unl, unl_key)
+  ratio = measured / modelled if modelled > 0 else None
+  held = ratio is not None and abs(ratio - 1) <= MODEL_WITHIN
+  ms = lambda v: f'{1e3 * v:.2f}'
+  return {
+    'hosts': hosts, 'variant': variant, 'rate': link,
+    'limited': ms(statistics.median(steps(lim))), 'free': ms(statistics.median(steps(unl))),
+    'measured': ms(measured), 'noise': ms(noise), 'modelled': ms(modelled),
+    'ratio': '-' if ratio is None else f'{ratio:.2f}',
+    'target': f'within {MODEL_WITHIN:.0%}: {"holds" if held else "not"}',
+    '_measured': measured, '_modelled': modelled,
+  }  # fmt: skip
 
 
 LINK_COLUMNS = [

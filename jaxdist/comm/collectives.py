@@ -282,7 +282,8 @@ def all_gather(
     tree: this worker's pytree of arrays.
     axis_name: the worker axis, or a tuple of axes.
     subgroup: a gather over one level of a hierarchy (above).
-    pack: as in `psum`.
+    pack: as in `psum`; leaves of one width share a buffer whatever their dtypes (a
+      gather moves bits: `packed(bits=True)`).
 
   Returns:
     (the tree with each leaf stacked to [N, *shape]; its `Transfer`, an
@@ -296,7 +297,7 @@ def all_gather(
     lead = math.prod(x.shape[: len(names)])
     return x.reshape((lead, *x.shape[len(names) :]))
 
-  return packed(gather, tree, pack), transfer(ALL_GATHER, tree_nbytes(tree))
+  return packed(gather, tree, pack, bits=True), transfer(ALL_GATHER, tree_nbytes(tree))
 
 
 def all_to_all(tree: Any, axis_name: AxisName, *, subgroup: bool = False) -> tuple[Any, Transfer]:

@@ -206,3 +206,29 @@ def test_packs_are_bounded_by_size_and_split_by_dtype():
   assert comm.pack_groups(leaves, limit=4 * 30) == [[0, 2], [1], [3, 4]]
   assert comm.pack_groups(leaves) == [[0, 2, 3, 4], [1]]
   assert comm.pack_groups([jnp.zeros(50), jnp.zeros(1)], limit=4 * 10) == [[0], [1]]
+
+
+def test_a_gather_sends_values_and_positions_of_one_width_as_one_buffer_bit_for_bit():
+  """float32 values (a NaN among them) and int32 positions: one all-gather of
+  4 x (3 + 2) bytes from each worker, each worker's row bit for bit; bfloat16 and bool apart."""
+  workers = runtime.layout(8, devices=8)
+  # (not -0.0: XLA's CPU all-gather returns +0.0 for it, packed or not)
+  vals = np.array([[np.nan, 3e38, w + 0.5] for w in range(8)], np.float32)
+  idx = np.array([[-w, 2**31 - 1 - w] for w in range(8)], np.int32)
+  half = np.arange(8, dtype=np.float32).reshape(8, 1).astype(jnp.bfloat16)
+  flags = np.array([[w % 2 == 0] for w in range(8)])
+  tree = (vals, idx, half, flags)
+  step = jax.jit(workers.map(lambda t: comm.all_gather(t, workers.axis_name, pack=True)[0],
+                             in_axes=(0,)))  # fmt: skip
+  args = jax.device_put(tree, workers.sharding)
+  got = step(args)
+  found = comm.hlo.collectives(step.lower(args).compile().as_text())
+  # bfloat16 and bool in gathers of their own (XLA's CPU compiler widens bfloat16's to float32)
+  assert [c.kind for c in found] == ['all-gather'] * 3, found
+  assert [(c.dtypes, c.nbytes) for c in found if c.dtypes == ('u32',)] == [(('u32',), 4 * 5)]
+  for w in (0, 5):  # every worker holds every worker's rows, bit for bit, in its own dtype
+    np.testing.assert_array_equal(np.asarray(got[0][w]).view(np.uint32), vals.view(np.uint32))
+    np.testing.assert_array_equal(got[1][w], idx)
+    np.testing.assert_array_equal(np.asarray(got[2][w], np.float32), np.asarray(half, np.float32))
+    np.testing.assert_array_equal(got[3][w], flags)
+  assert [x.dtype for x in got] == [jnp.float32, jnp.int32, jnp.bfloat16, jnp.bool_]

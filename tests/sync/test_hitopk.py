@@ -237,13 +237,13 @@ def test_compiled_hlo_reduce_scatters_inside_nodes_and_gathers_k_over_m_along_ra
   assert reduce_scatters(text) == [(4 * HLO_D, INTRA)]
   # all-gathers: 10 values + 10 indices along each rail, then 1000 floats inside the node
   found = collections.Counter((c.kind, c.dtypes, c.nbytes) for c in comm.hlo.collectives(text))
-  rail_bytes = {('f32',): 40, ('s32',): 40, ('f32', 's32'): 80}
+  rail_bytes = {('f32',): 40, ('s32',): 40, ('f32', 's32'): 80, ('u32',): 80}  # ('u32',): packed
   rail = [k for k in found if k[0] == 'all-gather' and rail_bytes.get(k[1]) == k[2]]
   assert sum(k[2] * found[k] for k in rail) == 80
   assert found[('all-gather', ('f32',), 4 * HLO_D // M)] == 1
   assert sum(found.values()) == len(rail) + 1  # nothing else crosses a device
-  # the rails gather 2 nodes x 10, the node gathers 4 ranks x 1000
-  assert all_gather_groups(text) == {'2,10': RAILS, '4,1000': INTRA}
+  # the rails gather 2 nodes x (10 values and 10 positions, one buffer), the node 4 ranks x 1000
+  assert all_gather_groups(text) == {'2,20': RAILS, '4,1000': INTRA}
   # the transform reports the same payloads, by link class
   out, new = step(grads, state)
   intra = [(t.op or t.kind, t.nbytes, int(t.count[0, 0])) for t in new.intra]

@@ -184,7 +184,7 @@ def bytes_by_group(text):
       tuple(int(i) for i in g.split(',')) for g in re.findall(r'\{([\d,]+)\}', listed)
     )
     size = len(next(iter(groups)))
-    result = {'f32': 4, 's32': 4}[dtype] * math.prod(int(d) for d in dims.split(',') if d)
+    result = {'f32': 4, 's32': 4, 'u32': 4}[dtype] * math.prod(int(d) for d in dims.split(',') if d)
     operand = {'all-gather': result // size, 'reduce-scatter': result * size}.get(kind, result)
     out[groups] += operand
   return out
