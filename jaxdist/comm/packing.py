@@ -60,6 +60,11 @@ def _carrier(dtype: Any) -> Any:
   return dtype  # bools and complex numbers go in packs of their own dtype
 
 
+def _cast(x: jax.Array, dtype: Any) -> jax.Array:
+  """x bit-cast to `dtype` (None: as it is)."""
+  return x if dtype is None else lax.bitcast_convert_type(x, dtype)
+
+
 def pack_groups(
   leaves: Sequence[Any], limit: int = PACK_BYTES, bits: bool = False
 ) -> list[list[int]]:
@@ -121,12 +126,11 @@ def packed(
       out[group[0]] = fn(leaves[group[0]])
       continue
     carrier = _carrier(leaves[group[0]].dtype) if bits else None
-    as_carrier = lambda x: x if carrier is None else lax.bitcast_convert_type(x, carrier)
-    flat = fn(jnp.concatenate([jnp.ravel(as_carrier(leaves[i])) for i in group]))
+    flat = fn(jnp.concatenate([jnp.ravel(_cast(leaves[i], carrier)) for i in group]))
     start = 0
     for i in group:
       x = leaves[i]
       piece = flat[..., start : start + x.size].reshape((*flat.shape[:-1], *x.shape))
-      out[i] = piece if carrier is None else lax.bitcast_convert_type(piece, x.dtype)
+      out[i] = _cast(piece, None if carrier is None else x.dtype)
       start += x.size
   return jax.tree.unflatten(treedef, out)
