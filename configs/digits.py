@@ -25,6 +25,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.steps = 400
   config.optimizer.learning_rate = 0.1
   config.optimizer.warmup_steps = 20
+  # DiLoCo's outer Nesterov at momentum 0.5, not the paper's 0.9 (tuned there with an inner
+  # AdamW): over this config's inner SGD with Nesterov momentum 0.9 the two momenta compound.
+  # Period 8, 400 steps, test accuracy at the end (seeds 0, 1, 2): at 0.9, 0.964 / 0.964 /
+  # 0.964 on 8 workers and 0.986 / NaN / 0.969 on 16, the accuracy swinging by up to 4 pp
+  # after step 200; at 0.5, 0.994 / 0.992 / 0.992 and 0.992 / 0.994 / 0.994, steady.
+  for family in ('diloco', 'streaming_diloco'):
+    config.sync[family].outer_optimizer.momentum = 0.5
 
   if arg.runlocal:
     config.steps = 20

@@ -7,7 +7,7 @@ head the cells.
 
 from __future__ import annotations
 
-import statistics
+import numpy as np
 
 COLUMNS = [
   ('hosts', 'hosts'),
@@ -71,18 +71,18 @@ def exchange_row(hosts: int, variant: str, link: str, limited: tuple, free: tupl
   `MODEL_WITHIN` of each other.
   """
   (lim, lim_key), (unl, unl_key) = limited, free
-  steps = lambda records: [r['step_s'] for r in records]
-  mean = lambda records, key: statistics.mean(r[key] for r in records)
-  stderr = lambda xs: statistics.stdev(xs) / len(xs) ** 0.5
+  steps = lambda records: np.array([r['step_s'] for r in records], float)
+  mean = lambda records, key: float(np.mean([r[key] for r in records]))
+  stderr = lambda xs: float(np.std(xs, ddof=1)) / len(xs) ** 0.5
   measured = mean(lim, 'step_s') - mean(unl, 'step_s')
   noise = (stderr(steps(lim)) ** 2 + stderr(steps(unl)) ** 2) ** 0.5
   modelled = mean(lim, lim_key) - mean(unl, unl_key)
   ratio = measured / modelled if modelled > 0 else None
-  held = ratio is not None and abs(ratio - 1) <= MODEL_WITHIN
+  held = ratio is not None and abs(ratio - 1) <= MODEL_WITHIN  # False for NaN
   ms = lambda v: f'{1e3 * v:.2f}'
   return {
     'hosts': hosts, 'variant': variant, 'rate': link,
-    'limited': ms(statistics.median(steps(lim))), 'free': ms(statistics.median(steps(unl))),
+    'limited': ms(np.median(steps(lim))), 'free': ms(np.median(steps(unl))),
     'measured': ms(measured), 'noise': ms(noise), 'modelled': ms(modelled),
     'ratio': '-' if ratio is None else f'{ratio:.2f}',
     'target': f'within {MODEL_WITHIN:.0%}: {"holds" if held else "not"}',

@@ -19,5 +19,5 @@ VARIANTS = {
   'bsp': method('allreduce'),
   'int8_allreduce': method('quantized_allreduce', format='int8'),
   # the inner AdamW at its own learning rate, as in configs/variants/lm.py
-  'diloco10': {**method('diloco', period=10), 'optimizer': {'learning_rate': 3e-3}},
+  'diloco10': {**method('diloco', period=10), 'optimizer': {'lr_scale': 0.3}},
 }

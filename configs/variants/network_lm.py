@@ -14,7 +14,7 @@ inner learning rate is lm.py's.
 from jaxdist.train.config import method
 
 SETTINGS = {'eval_every': 50}
-INNER = {'optimizer': {'learning_rate': 3e-3}}  # lm.py's inner AdamW
+INNER = {'optimizer': {'lr_scale': 0.3}}  # lm.py's inner AdamW: 0.3x the config's rate
 STREAMING = method(
   'streaming_diloco', period=12, fragments=4, delay=1, alpha=0.5, layout='strided',
   averager='quantized_allreduce',

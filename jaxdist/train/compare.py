@@ -162,6 +162,32 @@ def variant_config(
   return config
 
 
+def _sibling_sources(configs: dict[str, ml_collections.ConfigDict], workdir: str) -> set[str]:
+  """The variants whose `init_from` names another variant of the comparison: it is set to
+  that variant's work directory (workdir/<name>), which must come before it (it trains
+  first). Returns their names."""
+  names = list(configs)
+  warm = set()
+  for i, (name, config) in enumerate(configs.items()):
+    source = config.init_from
+    if source in configs:
+      if names.index(source) >= i:
+        raise factory.ConfigError(
+          f'variant {name!r} starts from variant {source!r} (init_from), which comes after it: '
+          f'list {source!r} first, so that it trains first'
+        )
+      config.init_from = os.path.join(workdir, source)
+      warm.add(name)
+  return warm
+
+
+def _cold(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` without its warm start (checked before its source has trained)."""
+  out = ml_collections.ConfigDict(config.to_dict())
+  out.init_from, out.init_step = '', 0
+  return out
+
+
 def _lookup(variants: Mapping[str, Overrides], name: str) -> Overrides:
   if name not in variants:
     close = difflib.get_close_matches(name, list(variants), n=1)
@@ -207,6 +233,10 @@ def run(
   with it (`resume.check_resume`), is checked before any trains; with
   `fresh`, those runs are removed instead and every variant starts anew.
 
+  A variant whose `init_from` is another variant's name starts from that
+  variant's run (`jaxdist.train.warm_start`), which is listed, and trains,
+  before it.
+
   Writes `compare.md` (the tables in markdown, with the command, machine and
   date that produced it), `compare.json` and `compare.png` into `workdir`,
   and the markdown and the plot also to `results` and its `.png` if given
@@ -226,8 +256,10 @@ def run(
   if not variants:
     raise factory.ConfigError('no variants to compare')
   configs = {name: variant_config(base, variants, name) for name in variants}  # checked first
-  clocks = {
-    name: factory.build(c, os.path.join(workdir, name)).clock for name, c in configs.items()
+  warm = _sibling_sources(configs, workdir)
+  clocks = {  # a variant warm-started from one trained before it is checked without its source
+    name: factory.build(_cold(c) if name in warm else c, os.path.join(workdir, name)).clock
+    for name, c in configs.items()
   }
   for name, config in configs.items():
     if not fresh:

@@ -52,7 +52,8 @@ def optimizer(name: str = 'sgd', learning_rate: float = 0.1, **kw: Any) -> dict[
     name: 'sgd', 'adam' or 'adamw'.
     learning_rate: the peak learning rate.
     **kw: momentum, nesterov, weight_decay, schedule ('constant' or 'cosine',
-      with a linear warm-up), warmup_steps, and any other key of the section.
+      with a linear warm-up), warmup_steps, lr_scale, and any other key of the
+      section.
 
   Returns:
     The section as a dict.
@@ -60,6 +61,9 @@ def optimizer(name: str = 'sgd', learning_rate: float = 0.1, **kw: Any) -> dict[
   return dict(
     name=name,  # sgd | adam | adamw
     learning_rate=learning_rate,
+    # the rate used is learning_rate x lr_scale: a variant that sets lr_scale keeps its ratio to
+    # whatever rate a config (a model size) tunes, where a variant's own learning_rate would not
+    lr_scale=kw.pop('lr_scale', 1.0),
     momentum=kw.pop('momentum', 0.0),
     nesterov=kw.pop('nesterov', False),
     weight_decay=kw.pop('weight_decay', 0.0),
@@ -472,6 +476,11 @@ def base() -> ml_collections.ConfigDict:
   config.checkpoint_every = 100
   config.keep_checkpoints = 2
   config.progress = True
+  # Warm start: begin at a checkpoint of another run (its work directory), taking its
+  # parameters (the mean over its workers) and its step, with a fresh state for this run's
+  # method; the learning-rate schedule goes on from that step (jaxdist.train.warm_start)
+  config.init_from = ''
+  config.init_step = 0  # which of its checkpoints (0: the latest)
 
   config.fault = fault()
   return config

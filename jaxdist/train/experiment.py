@@ -67,6 +67,8 @@ class Experiment:
     ratio_control: the ratio's controller (config.adaptive), or None.
     ratios: its candidates, compiled into the chain (dense after them).
     drops: `inject.Drop`s (config.fault.drop).
+    init_from: the checkpoints' directory of the run this one starts from ('': none).
+    init_step: the step of its checkpoint this run starts at (0 without `init_from`).
   """
 
   workdir: str
@@ -110,6 +112,8 @@ class Experiment:
   ratio_control: control.Controller | None = None
   ratios: tuple[float, ...] = ()
   drops: tuple = ()
+  init_from: str = ''
+  init_step: int = 0
 
   @property
   def counted(self) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 
 import jax
 
-from jaxdist.train import checkpoint, elastic, metrics
+from jaxdist.train import checkpoint, elastic, metrics, warm_start
 from jaxdist.train.experiment import Experiment
 from jaxdist.train.factory import ConfigError
 
@@ -53,7 +53,7 @@ START_AFRESH = (
 
 def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, Any], dict]:
   """(state, step, metadata, controllers' states): the latest checkpoint's, or a fresh state
-  at step 0.
+  at step 0 (at the source's step and model for a warm start, `exp.init_from`).
 
   A checkpoint of another number of workers is read as NumPy, resharded for
   this run's (`jaxdist.train.elastic`: per-method rules) and placed as a
@@ -74,6 +74,12 @@ def restore_or_init(exp, ckpt, init, state_shape) -> tuple[Any, int, dict[str, A
     ConfigError: if the checkpoint cannot be resumed by this run.
   """
   start = ckpt.latest_step() or 0
+  if not start and exp.init_from:  # a warm start: the other run's model at its step
+    try:
+      state = warm_start.start_state(exp, init, state_shape)
+    except ValueError as e:
+      raise ConfigError(str(e)) from e
+    return state, exp.init_step, {'init_from': exp.init_from}, {}
   if not start:
     return init(jax.random.key(exp.seed)), 0, {}, {}
   where = f'cannot resume from the checkpoint at step {start} in {exp.workdir}'

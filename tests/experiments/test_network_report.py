@@ -23,7 +23,10 @@ def test_exchange_row_is_what_the_limited_link_adds_measured_and_modelled():
   assert row['_measured'] == pytest.approx(0.010)
   assert row['_modelled'] == pytest.approx(0.009)
   assert (row['limited'], row['free'], row['measured'], row['modelled']) == (
-    '32.00', '22.00', '10.00', '9.00'
+    '32.00',
+    '22.00',
+    '10.00',
+    '9.00',
   )
   se = math.hypot(2 / math.sqrt(3), 1 / math.sqrt(3))  # stdevs 2 and 1 ms
   assert row['noise'] == f'{se:.2f}'

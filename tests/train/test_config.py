@@ -85,6 +85,9 @@ def chain_of(**overrides):
      r'config.sync.bucketed_allreduce.buckets \(bytes per bucket\) must be > 0'),
     (dict(sync__compensation='spike_compensation'), 'applies to gradient_delay'),
     (dict(optimizer__name='lion'), r"config.optimizer.name must be 'sgd', 'adam' or 'adamw'"),
+    (dict(optimizer__lr_scale=0.0), r'config.optimizer.lr_scale must be > 0, got 0.0'),
+    (dict(sync__method='diloco', sync__diloco__outer_optimizer__lr_scale=-1.0),
+     r'config.sync.diloco.outer_optimizer.lr_scale must be > 0'),
   ],
 )  # fmt: skip
 def test_bad_values_name_the_key_the_user_typed(overrides, message):
@@ -139,11 +142,18 @@ def test_the_shipped_configs_are_found_by_name_from_anywhere(tmp_path, monkeypat
 
 
 def test_both_configs_build_on_the_one_base():
+  """Each config changes the base's sync sections only where it says so: digits tunes the
+  DiLoCo family's outer momentum to its inner SGD (configs/digits.py)."""
   base = config_lib.base()
+  tuned = {'digits.py': {'sync.diloco.outer_optimizer.momentum': 0.5,
+                         'sync.streaming_diloco.outer_optimizer.momentum': 0.5}}  # fmt: skip
   for name in ('digits.py', 'cifar10_resnet20.py'):
     config = factory.load_config(os.path.join(REPO, 'configs', name))
     assert set(config.keys()) == set(base.keys()), name
-    assert config.sync == base.sync and config.compress == base.compress, name
+    sync = base.sync.copy_and_resolve_references()
+    for key, value in tuned.get(name, {}).items():
+      sync.update_from_flattened_dict({key.removeprefix('sync.'): value})
+    assert config.sync == sync and config.compress == base.compress, name
 
 
 def test_cluster_section_keys_are_the_cluster_arguments_and_all_of_them():
@@ -169,3 +179,23 @@ def test_arguments_that_default_to_none_can_still_be_set_by_a_flag():
           assert kind is not type(None), f'config.{group}.{name}.{key} is an untyped None'
   config.compress.topk.k = 7  # each placeholder is its own field
   assert config.compress.mstopk.k is None and config.compress.dgc.k is None
+
+
+@pytest.mark.parametrize('schedule', ['constant', 'cosine'])
+def test_lr_scale_multiplies_the_rate_of_every_step(schedule):
+  """learning_rate 0.2 x lr_scale 0.25: the schedule's rate is 0.05 where it would be 0.2
+  (cosine: at its peak, after 10 warm-up steps, and halfway down); the optimizer's first SGD
+  update of a gradient of ones is the rate itself (constant) or 0 (cosine: warm-up from 0)."""
+  import jax.numpy as jnp
+
+  rates = {}
+  for scale in (1.0, 0.25):
+    section = config_lib.optimizer('sgd', 0.2, lr_scale=scale, schedule=schedule, warmup_steps=10)
+    opt, sched = factory.build_optimizer(section, 110)
+    rates[scale] = [float(sched(t)) for t in (10, 60)]
+    update, _ = opt.update({'w': jnp.ones(2)}, opt.init({'w': jnp.zeros(2)}))
+    first = 0.0 if schedule == 'cosine' else 0.2 * scale
+    assert float(update['w'][0]) == pytest.approx(-first)
+  assert rates[1.0][0] == pytest.approx(0.2)
+  assert rates[1.0][1] == pytest.approx(0.2 if schedule == 'constant' else 0.1)
+  assert rates[0.25] == pytest.approx([r * 0.25 for r in rates[1.0]], rel=1e-6)

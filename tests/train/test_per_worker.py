@@ -410,11 +410,13 @@ def test_the_metrics_cross_devices_in_one_gather_beside_the_chains_own_collectiv
   found = comm.hlo.collectives(step.lower(state, x, y).compile().as_text())
   state, metrics = step(state, x, y)
 
-  metric_gathers = [c for c in found if c.dtypes == ('u32',)]
-  assert [(c.kind, c.nbytes) for c in metric_gathers] == [('all-gather', 4 * words)]
+  # the metrics' gather: `words` 32-bit words; Top-k's own gather is of 32-bit words as well
   (ran,) = comm.find_transfers(state.opt_state)  # the chain's: nothing else crosses a device
-  chain = [c for c in found if c not in metric_gathers]
-  assert {c.kind for c in chain} == {ran.kind}  # Top-k: values and indices, gathered apart
+  assert ran.nbytes != 4 * words  # the two are told apart by their sizes
+  (metric_gather,) = [c for c in found if c.dtypes == ('u32',) and c.nbytes == 4 * words]
+  assert metric_gather.kind == 'all-gather'
+  chain = [c for c in found if c is not metric_gather]
+  assert {c.kind for c in chain} == {ran.kind}  # Top-k: values and indices, one gather
   assert sum(c.nbytes for c in chain) == ran.nbytes
   # the numbers are the per-worker ones, unpacked: hand-computed loss and accuracy, exact counts
   np.testing.assert_allclose(metrics['loss'], np.mean(np.asarray(losses)), rtol=1e-6)

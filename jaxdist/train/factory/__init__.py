@@ -28,7 +28,7 @@ import ml_collections
 from jaxdist import data, models, netmodel, runtime
 from jaxdist.faults import inject
 from jaxdist.train import config as config_lib
-from jaxdist.train import methods
+from jaxdist.train import methods, warm_start
 from jaxdist.train import step as step_lib
 from jaxdist.train.experiment import Experiment
 from jaxdist.train.factory import controls
@@ -215,6 +215,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
   try:
     if os.path.exists(workdir) and not os.path.isdir(workdir):
       raise ValueError(f'workdir {workdir} exists and is not a directory; pass a directory path')
+    config = warm_start.resolved(config)  # init_step: the step a warm start begins at
     _check_counts(config)
     check_per_worker(config)
     if config.model.name not in models.MODELS:  # before the (slower) data loading
@@ -291,6 +292,8 @@ def _run(config, workers: runtime.Workers) -> dict[str, Any]:
     compute_budget_s=float(config.network.compute_budget_s),
     algorithm=config.network.algorithm, wait=waiting_rule(config, config.workers),
     batching_mode=config.batching, held=_held(config, config.batch_size // workers.count),
+    init_from=warm_start.source_directory(config.init_from) if config.init_from else '',
+    init_step=int(config.init_step),
   )  # fmt: skip
 
 

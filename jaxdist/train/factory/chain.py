@@ -24,19 +24,25 @@ from jaxdist.train.factory import controls
 from jaxdist.train.factory.sections import call
 
 
-def build_optimizer(cfg: Any, steps: int, where: str = 'optimizer'):
+def build_optimizer(cfg: Any, steps: int, where: str = 'optimizer', start: int = 0):
   """(optimizer, learning-rate schedule) of an optimizer section (`config.optimizer`).
 
   Args:
     cfg: the section.
     steps: the run's steps (the cosine schedule's length).
     where: the section's dotted path, for errors.
+    start: the step a warm-started run begins at (`config.init_step`): the
+      optimizer's own count starts at 0 there, so its rate is the schedule
+      `start` steps on.
 
   Returns:
-    (the optax optimizer, the schedule).
+    (the optax optimizer, the schedule by the run's step).
   """
   cfg = ml_collections.ConfigDict(dict(cfg))
-  lr = cfg.learning_rate
+  scale = cfg.get('lr_scale', 1.0)
+  if not scale > 0:
+    raise ValueError(f'config.{where}.lr_scale must be > 0, got {scale}')
+  lr = cfg.learning_rate * scale
   if cfg.schedule == 'constant':
     schedule = optax.constant_schedule(lr)
   elif cfg.schedule == 'cosine':
@@ -46,6 +52,8 @@ def build_optimizer(cfg: Any, steps: int, where: str = 'optimizer'):
       f"config.{where}.schedule must be 'constant' or 'cosine', got {cfg.schedule!r}"
     )
   rate = lr if cfg.schedule == 'constant' else schedule
+  if start and cfg.schedule != 'constant':
+    rate = lambda count: schedule(count + start)
   if cfg.name == 'sgd':
     opt = optax.sgd(rate, momentum=cfg.momentum or None, nesterov=cfg.nesterov)
   elif cfg.name == 'adam':
@@ -57,6 +65,12 @@ def build_optimizer(cfg: Any, steps: int, where: str = 'optimizer'):
   if cfg.weight_decay and cfg.name != 'adamw':
     opt = optax.chain(optax.add_decayed_weights(cfg.weight_decay), opt)
   return opt, schedule
+
+
+def warm_start_step(config) -> int:
+  """The step a warm-started run begins at (`config.init_step`, resolved by `factory.build`);
+  0 for a run that starts afresh."""
+  return int(config.init_step) if config.init_from else 0
 
 
 def build_compressor(cfg: ml_collections.ConfigDict) -> compress.Compressor:
@@ -186,7 +200,8 @@ def sync_transform(
   if row.optimizer == 'own':
     if schedule is None:
       schedule = build_optimizer(config.optimizer, config.steps)[1]
-    supplied['learning_rate'] = schedule
+    start = warm_start_step(config)  # the method's own count starts at 0 at that step
+    supplied['learning_rate'] = (lambda count: schedule(count + start)) if start else schedule
   return call(make, where, section, **supplied)
 
 
@@ -315,7 +330,7 @@ def build_chain(
   """
   method = config.sync.method
   row = methods.get(method)
-  opt, schedule = build_optimizer(config.optimizer, config.steps)
+  opt, schedule = build_optimizer(config.optimizer, config.steps, start=warm_start_step(config))
   fixes = config_lib.names(config.sync.compensation)
   if fixes and not row.compensations:
     takes = ', '.join(methods.having('compensations'))

@@ -1,0 +1,139 @@
+"""Warm start: a run that begins at another run's checkpoint, with a method of its own.
+
+`config.init_from` names the work directory of a finished (or running) run
+and `config.init_step` one of its checkpoints (0: the latest). The new run,
+in its own work directory, begins at that step:
+
+- its parameters and model state are the checkpoint's, averaged over the
+  checkpoint's workers (a dense run's workers hold one model; a periodic
+  method's hold drifted copies, and their mean is the model they average
+  to), every worker of the new run starting from that one replica;
+- its optimizer and method state are fresh (`make_init` of its own chain
+  at those parameters): the DiLoCo paper's warm start, where data-parallel
+  pre-training hands its model to DiLoCo (Douillard et al., arXiv
+  2311.08105), or a change of method mid-run;
+- its step, its data position (a batch is a function of the seed and the
+  step) and its learning-rate schedule go on from the checkpoint's step (the
+  fresh optimizer counts from 0 there: `factory.chain.build_optimizer`'s
+  `start`).
+
+The new run's own checkpoints, once it has any, are what it resumes from;
+the source is read once and never written.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from jaxdist.train import checkpoint
+
+CHECKPOINTS = 'checkpoints'  # resume.CHECKPOINTS: where a run keeps its checkpoints
+
+
+def source_directory(init_from: str) -> str:
+  """The checkpoints' directory of the run `init_from` names (its work directory, or that
+  directory itself)."""
+  inside = os.path.join(init_from, CHECKPOINTS)
+  return os.path.abspath(inside if os.path.isdir(inside) else init_from)
+
+
+def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` with `init_step` set to the step a warm start begins at (a copy), or `config`.
+
+  Raises:
+    ValueError: `init_from` holds no checkpoint, or not the one `init_step` names, or
+      `init_step` is not below `steps`.
+  """
+  if not config.init_from:
+    if config.init_step:
+      raise ValueError(
+        f'config.init_step={config.init_step} needs config.init_from (the work directory of '
+        'the run to start from); drop init_step, or name that run'
+      )
+    return config
+  directory = source_directory(config.init_from)
+  steps = _steps(directory)
+  if not steps:
+    raise ValueError(
+      f'config.init_from={config.init_from!r}: no checkpoint in {directory}; name the work '
+      'directory of a run that saved one (config.checkpoint_every)'
+    )
+  step = int(config.init_step) or steps[-1]
+  if step not in steps:
+    raise ValueError(
+      f'config.init_step={step}: {directory} has checkpoints at steps {steps}; use one of '
+      'them, or 0 for the latest'
+    )
+  if step >= config.steps:
+    raise ValueError(
+      f'config.init_step={step} is not below config.steps={config.steps}: the run would '
+      'train nothing; raise steps (the run goes on from that step to steps)'
+    )
+  out = ml_collections.ConfigDict(config.to_dict())
+  out.init_step = step
+  return out
+
+
+def _steps(directory: str) -> list[int]:
+  """The steps of the complete checkpoints in `directory`, ascending."""
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+
+
+def start_state(exp, init, template) -> Any:
+  """The warm-started run's first state: `init` at the source checkpoint's model.
+
+  Args:
+    exp: the run (`exp.init_from`, `exp.init_step`).
+    init: `make_init`'s function (`(rng, start) -> TrainState`).
+    template: the run's `TrainState` of shapes.
+
+  Returns:
+    The state, placed on the run's workers.
+
+  Raises:
+    ValueError: the checkpoint's model differs from this run's.
+  """
+  saved, _ = checkpoint.read(exp.init_from, exp.init_step)
+  start = tuple(
+    _one_replica(saved.get(part, {}), getattr(template, part), f'{part} of {exp.init_from}')
+    for part in ('params', 'model_state')
+  )
+  return init(jax.random.key(exp.seed), start)
+
+
+def _one_replica(saved: Any, template: Any, where: str) -> Any:
+  """`template`'s tree (without its leading worker axis) from the saved per-worker arrays:
+  floats averaged over the saved workers (in float64: workers that hold one model give it
+  back bit for bit), other dtypes taken from the first."""
+  from jaxdist.train.elastic import _key  # the key paths the elastic restore matches by
+
+  found = {_key(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(saved)[0]}
+  wanted, treedef = jax.tree_util.tree_flatten_with_path(template)
+  names = lambda keys: ', '.join('.'.join(k) for k in sorted(keys)[:3])
+  missing = [_key(p) for p, _ in wanted if _key(p) not in found]
+  extra = set(found) - {_key(p) for p, _ in wanted}
+  if missing or extra:
+    lacks = [f'it lacks {names(missing)}'] if missing else []
+    has = [f'it has {names(extra)} that this run does not'] if extra else []
+    raise ValueError(
+      f"{where}: another model than this run's: {'; '.join(lacks + has)}. Start from a run "
+      'of the same model (config.model)'
+    )
+  leaves = []
+  for path, shape in wanted:
+    x = found[_key(path)]
+    if x.shape[1:] != shape.shape[1:]:
+      raise ValueError(
+        f'{where}: {".".join(_key(path))} is {x.shape[1:]} there and {shape.shape[1:]} here: '
+        'another model size. Start from a run of the same model (config.model)'
+      )
+    one = x.mean(axis=0, dtype=np.float64) if np.issubdtype(x.dtype, np.floating) else x[0]
+    leaves.append(one.astype(shape.dtype))
+  return jax.tree.unflatten(treedef, leaves)
