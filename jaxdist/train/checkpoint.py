@@ -17,6 +17,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+DIRECTORY = 'checkpoints'  # a run's checkpoints: <workdir>/checkpoints
+
 
 class Checkpointer:
   """Saves and restores (state, metadata) under `directory`.

@@ -25,7 +25,7 @@ SUMMARY_FILE = 'summary.json'
 PLOT_FILE = 'curves.png'
 BATCHES_PLOT = 'batches.png'
 CONFIG_FILE = 'config.json'
-CHECKPOINTS = 'checkpoints'
+CHECKPOINTS = checkpoint.DIRECTORY
 # What a run writes into its work directory: `fresh=True` removes these, and nothing else.
 RUN_FILES = (
   CHECKPOINTS, metrics.TENSORBOARD_DIR, metrics.METRICS_FILE, SUMMARY_FILE, CONFIG_FILE,

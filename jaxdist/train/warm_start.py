@@ -32,13 +32,11 @@ import numpy as np
 
 from jaxdist.train import checkpoint
 
-CHECKPOINTS = 'checkpoints'  # resume.CHECKPOINTS: where a run keeps its checkpoints
-
 
 def source_directory(init_from: str) -> str:
   """The checkpoints' directory of the run `init_from` names (its work directory, or that
   directory itself)."""
-  inside = os.path.join(init_from, CHECKPOINTS)
+  inside = os.path.join(init_from, checkpoint.DIRECTORY)
   return os.path.abspath(inside if os.path.isdir(inside) else init_from)
 
 

@@ -52,8 +52,8 @@ def build_optimizer(cfg: Any, steps: int, where: str = 'optimizer', start: int =
       f"config.{where}.schedule must be 'constant' or 'cosine', got {cfg.schedule!r}"
     )
   rate = lr if cfg.schedule == 'constant' else schedule
-  if start and cfg.schedule != 'constant':
-    rate = lambda count: schedule(count + start)
+  if cfg.schedule != 'constant':
+    rate = shifted(schedule, start)
   if cfg.name == 'sgd':
     opt = optax.sgd(rate, momentum=cfg.momentum or None, nesterov=cfg.nesterov)
   elif cfg.name == 'adam':
@@ -65,6 +65,12 @@ def build_optimizer(cfg: Any, steps: int, where: str = 'optimizer', start: int =
   if cfg.weight_decay and cfg.name != 'adamw':
     opt = optax.chain(optax.add_decayed_weights(cfg.weight_decay), opt)
   return opt, schedule
+
+
+def shifted(schedule: optax.Schedule, start: int) -> optax.Schedule:
+  """`schedule` read `start` steps on: the rate of a transform whose own count starts at 0
+  at step `start` (a warm start); `schedule` itself for 0."""
+  return (lambda count: schedule(count + start)) if start else schedule
 
 
 def warm_start_step(config) -> int:
@@ -200,8 +206,7 @@ def sync_transform(
   if row.optimizer == 'own':
     if schedule is None:
       schedule = build_optimizer(config.optimizer, config.steps)[1]
-    start = warm_start_step(config)  # the method's own count starts at 0 at that step
-    supplied['learning_rate'] = (lambda count: schedule(count + start)) if start else schedule
+    supplied['learning_rate'] = shifted(schedule, warm_start_step(config))
   return call(make, where, section, **supplied)
 
 
