@@ -83,7 +83,8 @@ flags.DEFINE_integer(
   'exchange_steps',
   100,
   'Also run each variant this many steps with one example per worker and evaluation only at '
-  'the end (0: not): its step is the exchange, with the compute all but removed.',
+  "the end (0: not; with --rates of 'unlimited' and a limited rate): its step is the exchange, "
+  'with the compute all but removed.',
 )
 flags.DEFINE_integer('skip', 3, 'First steps left out of the medians (compiling, warm-up).')
 flags.DEFINE_float('latency_us', 100.0, "The modelled network's latency (netem is not here).")
@@ -236,6 +237,11 @@ def _ddp_once(hosts: netns.Hosts, method: str, rate: str, workers: int) -> dict:
     return {'error': str(e)[-500:]}
   with open(os.path.join(workdir, 'process0.log')) as f:
     return peer_ddp.result(0, f.read(), '')
+
+
+def _paired() -> bool:
+  """Whether --rates has 'unlimited' and a limited rate: the exchange-alone table's pair."""
+  return 'unlimited' in FLAGS.rates and len(FLAGS.rates) > 1
 
 
 def calibrate(hosts: netns.Hosts, devices: int, folder: str) -> dict:
@@ -417,7 +423,7 @@ def measure(hosts: netns.Hosts, rate: str, group, names: list[str], workers: int
     wall = run(hosts, name, {**group.settings, **group.variants[name]}, rate, workers // k,
                fit['profile'])  # fmt: skip
     print(f'  {name}: {wall:.0f} s', flush=True)
-    if FLAGS.exchange_steps:
+    if FLAGS.exchange_steps and _paired():
       wall = run(hosts, name, {**group.settings, **group.variants[name]}, rate, workers // k,
                  fit['profile'], exchange=True)  # fmt: skip
       print(f'  {name}, the exchange alone: {wall:.0f} s', flush=True)
