@@ -162,32 +162,6 @@ def variant_config(
   return config
 
 
-def _sibling_sources(configs: dict[str, ml_collections.ConfigDict], workdir: str) -> set[str]:
-  """The variants whose `init_from` names another variant of the comparison: it is set to
-  that variant's work directory (workdir/<name>), which must come before it (it trains
-  first). Returns their names."""
-  names = list(configs)
-  warm = set()
-  for i, (name, config) in enumerate(configs.items()):
-    source = config.init_from
-    if source in configs:
-      if names.index(source) >= i:
-        raise factory.ConfigError(
-          f'variant {name!r} starts from variant {source!r} (init_from), which comes after it: '
-          f'list {source!r} first, so that it trains first'
-        )
-      config.init_from = os.path.join(workdir, source)
-      warm.add(name)
-  return warm
-
-
-def _cold(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`config` without its warm start (checked before its source has trained)."""
-  out = ml_collections.ConfigDict(config.to_dict())
-  out.init_from, out.init_step = '', 0
-  return out
-
-
 def _lookup(variants: Mapping[str, Overrides], name: str) -> Overrides:
   if name not in variants:
     close = difflib.get_close_matches(name, list(variants), n=1)
@@ -256,11 +230,14 @@ def run(
   if not variants:
     raise factory.ConfigError('no variants to compare')
   configs = {name: variant_config(base, variants, name) for name in variants}  # checked first
-  warm = _sibling_sources(configs, workdir)
+  try:
+    warm = factory.warm.sibling_sources(configs, workdir)
+  except ValueError as e:
+    raise factory.ConfigError(str(e)) from e
   clocks = {  # a variant warm-started from one trained before it is checked without its source
-    name: factory.build(_cold(c) if name in warm else c, os.path.join(workdir, name)).clock
-    for name, c in configs.items()
-  }
+    name: factory.build(factory.warm.cold(c) if name in warm else c, os.path.join(workdir, name))
+    .clock for name, c in configs.items()
+  }  # fmt: skip
   for name, config in configs.items():
     if not fresh:
       resume.check_resume(factory.record(config), os.path.join(workdir, name))

@@ -52,8 +52,7 @@ def optimizer(name: str = 'sgd', learning_rate: float = 0.1, **kw: Any) -> dict[
     name: 'sgd', 'adam' or 'adamw'.
     learning_rate: the peak learning rate.
     **kw: momentum, nesterov, weight_decay, schedule ('constant' or 'cosine',
-      with a linear warm-up), warmup_steps, lr_scale, and any other key of the
-      section.
+      with a linear warm-up), warmup_steps, lr_scale, and any other key.
 
   Returns:
     The section as a dict.
@@ -61,9 +60,7 @@ def optimizer(name: str = 'sgd', learning_rate: float = 0.1, **kw: Any) -> dict[
   return dict(
     name=name,  # sgd | adam | adamw
     learning_rate=learning_rate,
-    # the rate used is learning_rate x lr_scale: a variant that sets lr_scale keeps its ratio to
-    # whatever rate a config (a model size) tunes, where a variant's own learning_rate would not
-    lr_scale=kw.pop('lr_scale', 1.0),
+    lr_scale=kw.pop('lr_scale', 1.0),  # x learning_rate: a variant's ratio to a config's rate
     momentum=kw.pop('momentum', 0.0),
     nesterov=kw.pop('nesterov', False),
     weight_decay=kw.pop('weight_decay', 0.0),
@@ -155,8 +152,7 @@ def sync() -> ml_collections.ConfigDict:
   s.async_sgd = dict(max_delay=4, p=0.5, seed=0)
   # Pipelined backprop's staleness: all-reduce, then every gradient `delay` steps late.
   s.gradient_delay = dict(delay='4')  # an int, or 'stages' (one stage per layer)
-  # Kosson et al.'s fixes, with gradient_delay's delay: '' or any of
-  # spike_compensation,linear_weight_prediction (comma-separated).
+  # Kosson et al.'s fixes for gradient_delay: '' or spike_compensation,linear_weight_prediction
   s.compensation = ''
   s.spike_compensation = dict(momentum=0.9)  # carries the momentum (the optimizer's is dropped)
   s.linear_weight_prediction = {}
@@ -192,8 +188,7 @@ def sync() -> ml_collections.ConfigDict:
                          bias_correction=True, clip=10.0)  # fmt: skip
   # DGC's local gradient clipping before any gradient-averaging method (0 = off).
   s.local_clip = dict(max_norm=0.0)
-  # System form of tick-tock: a device's workers run their passes one after
-  # the other, rematerialised (jaxdist.train.step.make_train_step).
+  # System form of tick-tock: a device's workers run their passes in turn, rematerialised.
   s.staggered = False
   # How a device's simulated workers compute their gradients (make_train_step's per_worker):
   # 'auto' (loop on the CPU; elsewhere 'mean' where exact, else vmap), 'vmap', 'loop',
@@ -281,8 +276,7 @@ def network() -> ml_collections.ConfigDict:
   # at 5 us, an NVLink-class link (a V100 node's, as in Shi et al.'s cluster and
   # experiments/bench_hitopk.py). Flat collectives span all workers on the profiles.
   n.intra = '1200gbps@5us'
-  # the m rails of a node share its NIC (a rail's all-gather gets 1/m of the bandwidth);
-  # False: a NIC per worker
+  # the m rails of a node share its NIC (a rail's all-gather gets 1/m of it); False: one each
   n.shared_nic = True
   # The compute term: one worker's step in seconds (e.g. a step timed on the hardware being
   # modelled). 0: measured here, one worker's step on one local device, once per run (with a
@@ -476,10 +470,7 @@ def base() -> ml_collections.ConfigDict:
   config.checkpoint_every = 100
   config.keep_checkpoints = 2
   config.progress = True
-  # Warm start: begin at a checkpoint of another run (its work directory), taking its
-  # parameters (the mean over its workers) and its step, with a fresh state for this run's
-  # method; the learning-rate schedule goes on from that step (jaxdist.train.warm_start)
-  config.init_from = ''
+  config.init_from = ''  # warm start from this run's checkpoint (jaxdist.train.warm_start)
   config.init_step = 0  # which of its checkpoints (0: the latest)
 
   config.fault = fault()

@@ -201,19 +201,13 @@ def make_init(
     input_dtype: the inputs' dtype.
 
   Returns:
-    The init function, `(rng, start=None) -> TrainState`; its state is sharded
-    over the workers. `start`, one replica's (params, model_state), replaces
-    the initialisation (a warm start, `jaxdist.train.warm_start`): every
-    worker begins from it, the chain's state fresh at it.
+    `(rng, start=None) -> TrainState`, sharded; `start`: a warm start's (params, model_state).
   """
   one_model = per_worker == 'device'
   replicas = workers.devices if one_model else workers.count
 
   def init(rng, start=None):
-    if start is None:
-      params, model_state = init_params(model, rng, input_shape, input_dtype)
-    else:
-      params, model_state = start
+    params, model_state = start or init_params(model, rng, input_shape, input_dtype)
     stack = lambda t, n=replicas: jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), t)
     if one_model and isinstance(tx, SplitChain):  # per worker up to the seam, per device after
       opt_state = (jax.vmap(tx.workers.init)(stack(params, workers.count)),

@@ -113,9 +113,8 @@ def train(
   with interrupt.Stop(exp.steps) as stop:
     state, start, meta, control_state = restore_or_init(exp, ckpt, init, state_shape)
     if lead and start:
-      how = (f'started from {meta["init_from"]} at step {start} of {exp.steps}'
-             if 'init_from' in meta else f'resumed from step {start} of {exp.steps}')  # fmt: skip
-      print('  '.join(filter(None, [label, how])))
+      how = f'started from {meta["init_from"]} at' if 'init_from' in meta else 'resumed from'
+      print('  '.join(filter(None, [label, f'{how} step {start} of {exp.steps}'])))
     if lead:  # the config this run goes on with
       metrics.write_atomic(os.path.join(exp.workdir, CONFIG_FILE), json.dumps(exp.record, indent=2))
 

@@ -18,7 +18,8 @@ in its own work directory, begins at that step:
   `start`).
 
 The new run's own checkpoints, once it has any, are what it resumes from;
-the source is read once and never written.
+the source is read once and never written. `factory.warm` reads the config:
+which checkpoint, and a comparison's variants that start from another.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import os
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
 from jaxdist.train import checkpoint
@@ -40,44 +40,7 @@ def source_directory(init_from: str) -> str:
   return os.path.abspath(inside if os.path.isdir(inside) else init_from)
 
 
-def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`config` with `init_step` set to the step a warm start begins at (a copy), or `config`.
-
-  Raises:
-    ValueError: `init_from` holds no checkpoint, or not the one `init_step` names, or
-      `init_step` is not below `steps`.
-  """
-  if not config.init_from:
-    if config.init_step:
-      raise ValueError(
-        f'config.init_step={config.init_step} needs config.init_from (the work directory of '
-        'the run to start from); drop init_step, or name that run'
-      )
-    return config
-  directory = source_directory(config.init_from)
-  steps = _steps(directory)
-  if not steps:
-    raise ValueError(
-      f'config.init_from={config.init_from!r}: no checkpoint in {directory}; name the work '
-      'directory of a run that saved one (config.checkpoint_every)'
-    )
-  step = int(config.init_step) or steps[-1]
-  if step not in steps:
-    raise ValueError(
-      f'config.init_step={step}: {directory} has checkpoints at steps {steps}; use one of '
-      'them, or 0 for the latest'
-    )
-  if step >= config.steps:
-    raise ValueError(
-      f'config.init_step={step} is not below config.steps={config.steps}: the run would '
-      'train nothing; raise steps (the run goes on from that step to steps)'
-    )
-  out = ml_collections.ConfigDict(config.to_dict())
-  out.init_step = step
-  return out
-
-
-def _steps(directory: str) -> list[int]:
+def checkpoint_steps(directory: str) -> list[int]:
   """The steps of the complete checkpoints in `directory`, ascending."""
   if not os.path.isdir(directory):
     return []

@@ -121,3 +121,18 @@ def test_a_warm_start_names_what_is_wrong_before_anything_is_written(source, tmp
       trainer.train_and_evaluate(config_of(**{'steps': 12, **overrides}), str(workdir))
     assert not (workdir / 'metrics.jsonl').exists()
     assert not list((workdir / 'checkpoints').glob('[0-9]*'))  # no checkpoint written
+
+
+def test_a_comparison_starts_a_variant_from_an_earlier_variant_s_run(tmp_path):
+  """`init_from` naming a variant of the comparison reads that variant's work directory; one
+  listed after it (it would not have trained yet) is refused by name."""
+  configs = {'bsp': config_of(8), 'diloco': config_of(12, init_from='bsp'),
+             'other': config_of(12, init_from='/somewhere/else')}  # fmt: skip
+  assert factory.warm.sibling_sources(configs, str(tmp_path)) == {'diloco'}
+  assert configs['diloco'].init_from == str(tmp_path / 'bsp')
+  assert configs['other'].init_from == '/somewhere/else'  # a path stays a path
+  cold = factory.warm.cold(configs['diloco'])
+  assert (cold.init_from, cold.init_step) == ('', 0) and configs['diloco'].init_from
+  late = {'diloco': config_of(12, init_from='bsp'), 'bsp': config_of(8)}
+  with pytest.raises(ValueError, match=r"variant 'diloco' starts from variant 'bsp'.*list 'bsp'"):
+    factory.warm.sibling_sources(late, str(tmp_path))

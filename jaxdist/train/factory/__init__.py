@@ -31,7 +31,7 @@ from jaxdist.train import config as config_lib
 from jaxdist.train import methods, warm_start
 from jaxdist.train import step as step_lib
 from jaxdist.train.experiment import Experiment
-from jaxdist.train.factory import controls
+from jaxdist.train.factory import controls, warm
 from jaxdist.train.factory.chain import (
   COMPENSATIONS,
   DEVICE_MODEL,
@@ -215,7 +215,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
   try:
     if os.path.exists(workdir) and not os.path.isdir(workdir):
       raise ValueError(f'workdir {workdir} exists and is not a directory; pass a directory path')
-    config = warm_start.resolved(config)  # init_step: the step a warm start begins at
+    config = warm.resolved(config)  # init_step: the step a warm start begins at
     _check_counts(config)
     check_per_worker(config)
     if config.model.name not in models.MODELS:  # before the (slower) data loading
