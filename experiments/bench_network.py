@@ -81,7 +81,7 @@ flags.DEFINE_list('only', None, 'Variants to run (default: the whole file).')
 flags.DEFINE_integer('steps', 30, 'Training steps per run.')
 flags.DEFINE_integer(
   'exchange_steps',
-  100,
+  300,
   'Also run each variant this many steps with one example per worker and evaluation only at '
   "the end (0: not; with --rates of 'unlimited' and a limited rate): its step is the exchange, "
   'with the compute all but removed.',
@@ -173,8 +173,10 @@ def run(
   """Trains one variant across `hosts`, `devices` CPU devices each; its wall-clock seconds.
 
   The modelled clock prices the steps on the link's nominal rate and on `fitted`.
-  With `exchange`, the run is the variant's exchange alone (`_exchange_flags`),
-  in the folder `name + EXCHANGE`.
+  With `exchange`, the run is the variant's exchange alone, in the folder
+  `name + EXCHANGE`: one example per worker and one evaluation, at the end
+  (the same model, transform and loop send the same bytes; the passes over
+  one example are what is left of the compute).
   """
   k = hosts.k
   workdir = os.path.join(_folder(k, rate), name + (EXCHANGE if exchange else ''))
@@ -184,25 +186,17 @@ def run(
   base = [
     sys.executable, os.path.join(ROOT, 'experiments', 'train.py'),
     f'--config={os.path.join(ROOT, FLAGS.config)}', f'--workdir={workdir}',
-    f'--config.steps={steps}', '--config.progress=False', '--config.eval_every=10', '--fresh',
+    f'--config.steps={steps}', '--config.progress=False', '--fresh',
+    f'--config.eval_every={steps if exchange else 10}',
     f'--config.checkpoint_every={steps}',
     f'--coordinator_address={hosts.addresses[0]}:23456', f'--num_processes={k}',
     *flags_of(overrides), f'--config.network.profiles={nets}',
-    *(_exchange_flags(devices * k, steps) if exchange else []),
+    *([f'--config.batch_size={devices * k}'] if exchange else []),
   ]  # fmt: skip
   start = time.perf_counter()
   commands = [[*base, f'--process_id={i}', f'--cpu_devices={devices}'] for i in range(k)]
   launch(hosts, commands, workdir, _env())
   return time.perf_counter() - start
-
-
-def _exchange_flags(workers: int, steps: int) -> list[str]:
-  """A run whose step is the variant's exchange: one example per worker, one evaluation.
-
-  The same model, transform and loop send the same bytes; the forward and
-  backward passes over one example are what is left of the compute.
-  """
-  return [f'--config.batch_size={workers}', f'--config.eval_every={steps}']
 
 
 def run_ddp(hosts: netns.Hosts, method: str, rate: str, workers: int, tries: int = 2) -> dict:

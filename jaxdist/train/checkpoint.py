@@ -141,11 +141,23 @@ def latest_step(directory: str) -> int | None:
   Returns:
     The step, or None.
   """
+  found = steps(directory)
+  return found[-1] if found else None
+
+
+def steps(directory: str) -> list[int]:
+  """The steps of the complete checkpoints in `directory`, ascending; writes nothing.
+
+  Args:
+    directory: the checkpoints' directory (it may not exist).
+
+  Returns:
+    The steps (none: []).
+  """
   if not os.path.isdir(directory):
-    return None
-  steps = ocp.path.step  # the names `Checkpointer`'s manager gives, uncommitted ones ignored
-  latest = steps.latest_step_metadata(directory, steps.standard_name_format())
-  return None if latest is None else latest.step
+    return []
+  # the names `Checkpointer`'s manager gives, uncommitted ones ignored
+  return sorted(m.step for m in ocp.path.step.standard_name_format().find_all(directory))
 
 
 def read_meta(directory: str, step: int) -> dict[str, Any]:

@@ -40,13 +40,6 @@ def source_directory(init_from: str) -> str:
   return os.path.abspath(inside if os.path.isdir(inside) else init_from)
 
 
-def checkpoint_steps(directory: str) -> list[int]:
-  """The steps of the complete checkpoints in `directory`, ascending."""
-  if not os.path.isdir(directory):
-    return []
-  return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
-
-
 def start_state(exp, init, template) -> Any:
   """The warm-started run's first state: `init` at the source checkpoint's model.
 

@@ -7,7 +7,7 @@ import os
 
 import ml_collections
 
-from jaxdist.train import warm_start
+from jaxdist.train import checkpoint, warm_start
 
 
 def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -25,7 +25,7 @@ def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       )
     return config
   directory = warm_start.source_directory(config.init_from)
-  steps = warm_start.checkpoint_steps(directory)
+  steps = checkpoint.steps(directory)
   if not steps:
     raise ValueError(
       f'config.init_from={config.init_from!r}: no checkpoint in {directory}; name the work '
