@@ -4,10 +4,14 @@ The targets (the papers' qualitative claims at this scale), each checked on the
 summaries the runs wrote (`<workdir>/<variant>/summary.json`) and on the step
 table of `bench_step.py --lm`:
 
-- DiLoCo H = 50 within 2 % of BSP's validation loss at >= 40x fewer bytes;
+- DiLoCo H = 50 within 5 % of BSP's validation loss at >= 40x fewer bytes;
+- DiLoCo H = 50 from BSP's checkpoint at the first 20 % of the steps (a warm
+  start) within 2 % of BSP's loss; its bytes count BSP's steps before it;
+- DiLoCo with one replica (M = 1) at or below BSP's loss;
 - Streaming DiLoCo's peak bytes of a step <= 1/P of DiLoCo's, at a loss within
   1 % of DiLoCo's;
 - SparseLoCo within 1 % of DiLoCo's loss at >= 10x fewer bytes than DiLoCo;
+- DeMo within 5 % of AdamW's (BSP's) loss;
 - 1-bit Adam within 2 % of AdamW's loss;
 - the DiLoCo family's step <= 1.1x AdamW's on the CPU.
 

@@ -33,6 +33,7 @@ from jaxdist.train import (
   ledger,
   metrics,
   report,
+  warm_start,
 )
 from jaxdist.train import loop as loop_lib
 from jaxdist.train import step as step_lib
@@ -169,7 +170,7 @@ def train(
     'workers': workers.count, 'steps': exp.steps, 'steps_this_run': exp.steps - start,
     **_task_metrics(exp, last_eval, clock), 'wall_s': time.time() - wall0,
     **ledger.summarize(records, list(exp.networks), compute_s, exp.clock),
-    **host.summary(),
+    **host.summary(), **warm_start.provenance(exp),
   }  # fmt: skip
   if lead:
     _report(exp, summary, records, log.writer.path, label, tables)

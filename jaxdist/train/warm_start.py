@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdist.train import checkpoint
+from jaxdist.train import checkpoint, metrics
 
 
 def source_directory(init_from: str) -> str:
@@ -91,3 +91,23 @@ def _one_replica(saved: Any, template: Any, where: str) -> Any:
     one = x.mean(axis=0, dtype=np.float64) if np.issubdtype(x.dtype, np.floating) else x[0]
     leaves.append(one.astype(shape.dtype))
   return jax.tree.unflatten(treedef, leaves)
+
+
+def provenance(exp) -> dict[str, Any]:
+  """A warm-started run's summary entries: where it began (`init_from`, `init_step`) and the
+  bytes each worker of the source sent up to that step (`source_sent_bytes_per_worker`, from
+  its metrics; None where it has none), so that the whole token budget's bytes can be told.
+  Empty for a run that began from scratch."""
+  if not exp.init_from:
+    return {}
+  run = exp.init_from  # the checkpoints' directory; its run's metrics lie beside it
+  if os.path.basename(run) == checkpoint.DIRECTORY:
+    run = os.path.dirname(run)
+  path = os.path.join(run, metrics.METRICS_FILE)
+  records = metrics.read_jsonl(path) if os.path.exists(path) else []
+  sent = [r.get('sent_bytes', 0) for r in records if r.get('step', 0) <= exp.init_step]
+  return {
+    'init_from': run,
+    'init_step': int(exp.init_step),
+    'source_sent_bytes_per_worker': float(sum(sent)) if sent else None,
+  }

@@ -35,7 +35,8 @@ def source(tmp_path_factory, data_dir):
   mp = pytest.MonkeyPatch()
   mp.setenv('TFDS_DATA_DIR', data_dir)
   workdir = tmp_path_factory.mktemp('warm') / 'bsp'
-  trainer.train_and_evaluate(config_of(8), str(workdir))
+  summary = trainer.train_and_evaluate(config_of(8), str(workdir))
+  assert 'init_from' not in summary and 'source_sent_bytes_per_worker' not in summary
   yield workdir
   mp.undo()
 
@@ -55,6 +56,10 @@ def test_bsp_from_a_bsp_checkpoint_goes_on_as_the_run_that_wrote_it(source, tmp_
   records = metrics.read_jsonl(str(workdir / 'metrics.jsonl'))
   assert [r['step'] for r in records] == [5, 6, 7, 8]
   theirs = metrics.read_jsonl(str(source / 'metrics.jsonl'))
+  # where it began, and the bytes the source sent before: BSP's fixed all-reduce, 4 steps
+  assert (summary['init_from'], summary['init_step']) == (str(source), 4)
+  assert theirs[0]['sent_bytes'] > 0
+  assert summary['source_sent_bytes_per_worker'] == 4 * theirs[0]['sent_bytes']
   assert [r['learning_rate'] for r in records] == [r['learning_rate'] for r in theirs[4:]]
   assert 0 < records[-1]['learning_rate'] < records[0]['learning_rate']  # cosine, going on
   for mine, want in zip(jax.tree.leaves(params_at(workdir, 8)),
