@@ -523,7 +523,8 @@ def _lm_table() -> tuple[str, list[dict]]:
     shared, variants = compare.choose(base, path, only, folder=os.path.dirname(path))
   except factory.ConfigError as e:
     raise app.UsageError(f'--lm: {e}') from None
-  names = list(variants)
+  # a warm-started variant's step is its method's (it differs in where it begins): left out
+  names = [n for n in variants if not compare.variant_config(shared, variants, n).init_from]
   runs, found, steps, title = {}, {}, FLAGS.lm_steps, ''
   for name in names:
     config = compare.variant_config(shared, variants, name)

@@ -1,15 +1,18 @@
 """The DiLoCo family on a language model (`make results-lm`: experiments/results/lm.md).
 
 A character-level GPT (`configs/shakespeare_gpt.py`, `tiny`) on the bundled
-Shakespeare, 8 workers, one token budget (600 steps of 64 windows of 64
-characters); AdamW with a gradient all-reduce every step (BSP) is the first
-row and every other row's target. Streaming DiLoCo's four fragments need a
-period that divides by 4: 48, beside DiLoCo's 50.
+Shakespeare, 8 workers, one token budget (2,500 steps of 64 windows of 64
+characters: 50 outer steps at H = 50); AdamW with a gradient all-reduce every
+step (BSP) is the first row and every other row's target. Streaming DiLoCo's
+four fragments need a period that divides by 4: 48, beside DiLoCo's 50.
+`diloco50_warm` starts from BSP's checkpoint at step 500 (the first 20 % of the
+steps; the DiLoCo paper's warm start), `diloco50_m1` is DiLoCo with one
+replica (the scaling-laws paper's M = 1) on the same global batch.
 """
 
 from jaxdist.train.config import compressed, method
 
-SETTINGS = {'steps': 600, 'eval_every': 50, 'checkpoint_every': 600}
+SETTINGS = {'steps': 2500, 'eval_every': 250, 'checkpoint_every': 500, 'keep_checkpoints': 5}
 
 FP8 = {'quantized_allreduce': {'format': 'fp8'}}
 # The inner AdamW of the periodic methods at 0.3x the config's rate (optimizer.lr_scale), so
