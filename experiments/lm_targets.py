@@ -114,7 +114,7 @@ def rows() -> list[dict[str, str]]:
 
   def one():
     gap = _gap(s[ONE], s[BSP])
-    return f'loss {gap:+.2f} % of BSP\'s ({s[ONE]["workers"]} replica)', gap <= 0
+    return f"loss {gap:+.2f} % of BSP's ({s[ONE]['workers']} replica)", gap <= 0
 
   def demo():
     gap = _gap(s[DEMO], s[BSP])
