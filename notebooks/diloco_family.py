@@ -82,7 +82,7 @@ jd.runtime.cpu_devices(8)  # 8 CPU devices, before JAX starts
 # `runlocal` is the CPU-and-CI size: the `mini` GPT (2 blocks of 64) on
 # windows of 32 characters, a few dozen steps, validated on the first 16K
 # characters of the validation plays. `make results-lm` trains the same
-# methods on the `tiny` GPT (4 blocks) for 600 steps of 64 windows of 64
+# methods on the `tiny` GPT (4 blocks) for 2,500 steps of 64 windows of 64
 # characters (configs/variants/lm.py); `:small` is nanoGPT's
 # 10.7M-parameter model, for a GPU.
 
@@ -108,7 +108,7 @@ METHODS = {
     'sync.quantized_allreduce.format': 'fp8',
   },
   f'SparseLoCo H={H}, 3 %, 2-bit': {'sync.method': 'sparseloco', 'sync.sparseloco.period': H},
-  'DeMo': {'sync.method': 'demo', 'optimizer.learning_rate': 3e-3},
+  'DeMo': {'sync.method': 'demo', 'optimizer.lr_scale': 0.3},  # lm.py's ratio to AdamW's rate
   'int8 block all-reduce': {'sync.method': 'quantized_allreduce'},
   f'1-bit Adam (variance frozen at step {H})': {
     'sync.method': 'onebit_adam',
