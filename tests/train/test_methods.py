@@ -89,3 +89,29 @@ def test_the_per_worker_ways_follow_the_rows():
   assert factory.DEVICE_MODEL == ('allreduce', 'powersgd')
   assert factory.DEVICE_SPLIT == ('compressed_allreduce',)
   assert sync.weighted_allreduce is methods.METHODS['allreduce'].weighted
+
+
+def test_an_outer_cosine_spans_the_outer_steps():
+  """DiLoCo, 1 worker, H = 2, 8 steps: 4 outer steps, so an outer cosine (lr 1, no warm-up)
+  gives 1, 0.854, 0.5, 0.146 (½(1 + cos(πk/4))). Inner SGD lr 1 on a constant gradient of 1
+  moves the worker by -2 a period, the pseudo-gradient is 2 each time: by hand the anchor goes
+  0 -> -2 -> -3.707 -> -4.707 -> -5.0. (Spanning the 8 inner steps instead, the rates would
+  be 1, 0.962, 0.854, 0.691.)"""
+  import jax.numpy as jnp
+
+  from jaxdist import testing
+
+  config = config_lib.base()
+  config.steps, config.workers = 8, 1
+  config.optimizer = config_lib.optimizer('sgd', 1.0)
+  config.sync.method = 'diloco'
+  config.sync.diloco.period = 2
+  config.sync.diloco.outer_optimizer = config_lib.optimizer('sgd', 1.0, schedule='cosine')
+  tx, _ = factory.build_chain(config, runtime.layout(1))
+  run = testing.Run(tx, {'x': jnp.zeros(())}, workers=1, devices=1)
+  anchors = []
+  for step in range(8):
+    got = run({'x': jnp.ones((1,))})['x']
+    if step % 2:
+      anchors.append(float(got[0]))
+  np.testing.assert_allclose(anchors, [-2.0, -3.70710678, -4.70710678, -5.0], rtol=1e-6)

@@ -67,6 +67,16 @@ def build_optimizer(cfg: Any, steps: int, where: str = 'optimizer', start: int =
   return opt, schedule
 
 
+def _updates(config, section: dict[str, Any], key: str) -> int:
+  """How many updates an optimizer argument of a method takes in the run: its schedule's
+  length (and its warm-up's unit). An outer optimizer (`outer_optimizer` of a method with a
+  `period`) steps once a period, counted from the run's first step (a warm-started run's
+  outer optimizer is fresh); any other steps every step."""
+  if key == 'outer_optimizer' and 'period' in section:
+    return max(1, (config.steps - warm_start_step(config)) // int(section['period']))
+  return config.steps
+
+
 def shifted(schedule: optax.Schedule, start: int) -> optax.Schedule:
   """`schedule` read `start` steps on: the rate of a transform whose own count starts at 0
   at step `start` (a warm start); `schedule` itself for 0."""
@@ -191,7 +201,8 @@ def sync_transform(
   row, where = methods.get(method), f'sync.{method}'
   section = dict(config.sync[method])
   for key in [k for k in section if k.endswith('optimizer')]:
-    section[key] = build_optimizer(section[key], config.steps, f'{where}.{key}')[0]
+    steps = _updates(config, section, key)
+    section[key] = build_optimizer(section[key], steps, f'{where}.{key}')[0]
   if 'averager' in section:
     section['averager'] = _averager(section['averager'], config, workers, where)
   for key, convert in row.convert.items():
