@@ -93,8 +93,7 @@ def _diloco_family(s: ml_collections.ConfigDict) -> None:
   """The sections of DiLoCo and its descendants in `config.sync` (`sync` stays short)."""
   s.diloco = dict(
     period=4,
-    # its schedule and warm-up count outer steps: a cosine spans steps // period of them
-    outer_optimizer=optimizer('sgd', 0.7, momentum=0.9, nesterov=True),
+    outer_optimizer=optimizer('sgd', 0.7, momentum=0.9, nesterov=True),  # schedule: outer steps
     averager='',
   )
   # Streaming DiLoCo: `fragments` fragments, each synchronised every `period` steps, staggered
