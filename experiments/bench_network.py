@@ -487,11 +487,12 @@ def tabulate(names: list[str], workers: int, dense: set[str]) -> tuple[list, ...
 
 def _exchange_row(limited: dict, free: dict) -> dict:
   """`network_report.exchange_row` of a variant's exchange-alone runs on a limited link and
-  at unlimited rate (their timed steps)."""
+  at unlimited rate (their timed steps), with its training runs' steps (the hidden fraction)."""
   return exchange_row(
     limited['hosts'], limited['name'], f'{limited["rate"]} Mbit/s',
     (_timed(limited['exchange']), f'comm_s@{limited["fitted"]}'),
     (_timed(free['exchange']), f'comm_s@{free["fitted"]}'),
+    (_timed(limited['records']), _timed(free['records'])),
   )  # fmt: skip
 
 

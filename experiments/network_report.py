@@ -53,13 +53,17 @@ EXCHANGE_COLUMNS = [
   ('modelled', 'modelled on the fitted links ms'),
   ('ratio', 'measured ÷ modelled'),
   ('target', 'target'),
+  ('hidden', 'hidden in the training step'),
 ]
 # The most the measured link time of an exchange may be off the modelled one (issue 44)
 MODEL_WITHIN = 0.15
 
 
-def exchange_row(hosts: int, variant: str, link: str, limited: tuple, free: tuple) -> dict:
-  """What a limited link adds to a variant's exchange alone, measured and modelled.
+def exchange_row(
+  hosts: int, variant: str, link: str, limited: tuple, free: tuple, training: tuple = ()
+) -> dict:
+  """What a limited link adds to a variant's exchange alone, measured and modelled, and how
+  much of it the training step hides.
 
   `limited` and `free` are (the timed step records, the key of their modelled
   communication on the α and β fitted to their own link) of the variant's
@@ -68,7 +72,11 @@ def exchange_row(hosts: int, variant: str, link: str, limited: tuple, free: tupl
   mean step at unlimited rate. Modelled: the same difference of the modelled
   communication, so that the fixed costs both links share cancel in it as
   they do in the measurement. The row holds when the two are within
-  `MODEL_WITHIN` of each other.
+  `MODEL_WITHIN` of each other. With `training` (the timed step records of the
+  training runs on the limited link, at unlimited rate): hidden = 1 - (what
+  the link adds to the training step) ÷ (what it adds to the exchange alone),
+  1 where the exchange runs wholly beside compute, 0 where it adds its whole
+  time (issue 46).
   """
   (lim, lim_key), (unl, unl_key) = limited, free
   steps = lambda records: np.array([r['step_s'] for r in records], float)
@@ -79,6 +87,9 @@ def exchange_row(hosts: int, variant: str, link: str, limited: tuple, free: tupl
   modelled = mean(lim, lim_key) - mean(unl, unl_key)
   ratio = measured / modelled if modelled > 0 else None
   held = ratio is not None and abs(ratio - 1) <= MODEL_WITHIN  # False for NaN
+  hidden = None
+  if training and measured > 0:
+    hidden = 1 - (mean(training[0], 'step_s') - mean(training[1], 'step_s')) / measured
   ms = lambda v: f'{1e3 * v:.2f}'
   return {
     'hosts': hosts, 'variant': variant, 'rate': link,
@@ -86,6 +97,7 @@ def exchange_row(hosts: int, variant: str, link: str, limited: tuple, free: tupl
     'measured': ms(measured), 'noise': ms(noise), 'modelled': ms(modelled),
     'ratio': '-' if ratio is None else f'{ratio:.2f}',
     'target': f'within {MODEL_WITHIN:.0%}: {"holds" if held else "not"}',
+    'hidden': '-' if hidden is None else f'{hidden:.2f}',
     '_measured': measured, '_modelled': modelled,
   }  # fmt: skip
 

@@ -43,3 +43,20 @@ def test_exchange_row_outside_the_bound_or_with_nothing_modelled_does_not_hold()
   broken = (_records([float('nan'), 29], [10, 10], 'k'), 'k')  # a NaN step holds nothing
   row = network_report.exchange_row(4, 'dense', '100 Mbit/s', broken, free)
   assert row['target'] == 'within 15%: not'
+
+
+def test_hidden_is_the_share_of_the_exchange_the_training_step_does_not_pay():
+  """The exchange alone: the link adds 32 - 22 = 10 ms. Training steps 105 and 103 ms on the
+  limited link (mean 104) against 100 ms at unlimited rate: it adds 4 ms of the 10, so 0.60
+  is hidden. Steps that pay it whole: 0.00; without training steps, or with the link adding
+  nothing to the exchange: no figure."""
+  limited = (_records([30, 34, 32], [12, 12, 12], 'k'), 'k')
+  free = (_records([21, 23, 22], [3, 3, 3], 'k'), 'k')
+  train = lambda ms: [{'step_s': s / 1e3} for s in ms]
+  row = network_report.exchange_row(2, 'x', 'l', limited, free, (train([105, 103]), train([100])))
+  assert row['hidden'] == '0.60'
+  row = network_report.exchange_row(2, 'x', 'l', limited, free, (train([110]), train([100])))
+  assert row['hidden'] == '0.00'
+  assert network_report.exchange_row(2, 'x', 'l', limited, free)['hidden'] == '-'
+  row = network_report.exchange_row(2, 'x', 'l', free, free, (train([110]), train([100])))
+  assert row['hidden'] == '-'
