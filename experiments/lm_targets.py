@@ -116,9 +116,14 @@ def rows() -> list[dict[str, str]]:
     gap = _gap(s[ONE], s[BSP])
     return f"loss {gap:+.2f} % of BSP's ({s[ONE]['workers']} replica)", gap <= 0
 
-  def demo():
-    gap = _gap(s[DEMO], s[BSP])
-    return f"loss {gap:+.2f} % of AdamW's", gap <= 5
+  def near_adamw(name, within):
+    """The measure of a whole optimizer's loss within `within` % of AdamW's (BSP's)."""
+
+    def measure():
+      gap = _gap(s[name], s[BSP])
+      return f"loss {gap:+.2f} % of AdamW's", gap <= within
+
+    return measure
 
   def streaming():
     p = _fragments()
@@ -133,10 +138,6 @@ def rows() -> list[dict[str, str]]:
     gap, fewer = _gap(s[SPARSELOCO], s[DILOCO]), _fewer(s[SPARSELOCO], s[DILOCO])
     return f"loss {gap:+.2f} % of DiLoCo's, {fewer:.1f}x fewer bytes", gap <= 1 and fewer >= 10
 
-  def onebit():
-    gap = _gap(s[ONEBIT], s[BSP])
-    return f"loss {gap:+.2f} % of AdamW's", gap <= 2
-
   add('DiLoCo H=50: loss within 5 % of BSP, >= 40x fewer bytes', [DILOCO, BSP], diloco)
   add("DiLoCo H=50 from BSP's first 20 % of the steps: loss within 2 % of BSP", [WARM, BSP],
       warm)  # fmt: skip
@@ -145,8 +146,8 @@ def rows() -> list[dict[str, str]]:
       streaming)  # fmt: skip
   add('SparseLoCo H=50: loss within 1 % of DiLoCo\'s, >= 10x fewer bytes', [SPARSELOCO, DILOCO],
       sparseloco)  # fmt: skip
-  add("DeMo: loss within 5 % of AdamW's", [DEMO, BSP], demo)
-  add("1-bit Adam: loss within 2 % of AdamW's", [ONEBIT, BSP], onebit)
+  add("DeMo: loss within 5 % of AdamW's", [DEMO, BSP], near_adamw(DEMO, 5))
+  add("1-bit Adam: loss within 2 % of AdamW's", [ONEBIT, BSP], near_adamw(ONEBIT, 2))
   ratios = _step_ratios(FLAGS.steps)
   family = {n: r for n, r in ratios.items() if n in FAMILY}
   if family:
