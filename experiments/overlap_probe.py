@@ -116,7 +116,12 @@ def main(argv):
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   import netns
 
-  rate = None if FLAGS.rate == 'unlimited' else float(FLAGS.rate)
+  try:
+    rate = None if FLAGS.rate == 'unlimited' else float(FLAGS.rate)
+  except ValueError:
+    raise app.UsageError(f"--rate={FLAGS.rate}: a rate in Mbit/s, or 'unlimited'") from None
+  if FLAGS.devices < 1 or FLAGS.floats < FLAGS.devices:
+    raise app.UsageError('--devices must be >= 1 and --floats at least --devices')
   args = [f'--{k}={getattr(FLAGS, k)}' for k in ('rate', 'floats', 'steps', 'devices', 'repeats')]
   with netns.Hosts(2, rate) as hosts:
     coordinator = f'{hosts.addresses[0]}:23456'
