@@ -14,6 +14,7 @@ chain's updates and gives the workers that synchronised their model exactly.
 """
 
 from jaxdist.probes import apply_updates
+from jaxdist.sync._fragments import fragment_labels
 from jaxdist.sync.accumulate import AccumulateState, accumulate
 from jaxdist.sync.allreduce import AllReduceState, allreduce
 from jaxdist.sync.bucketing import BucketedState, bucketed_allreduce
@@ -46,8 +47,9 @@ from jaxdist.sync.sparseloco import sparseloco
 from jaxdist.sync.stale import StaleState, async_sgd, ssp, stale_sync
 from jaxdist.sync.streaming_diloco import (
   StreamingDiLoCoState,
-  fragment_labels,
+  StreamingExchange,
   streaming_diloco,
+  streaming_exchange,
 )
 from jaxdist.sync.tick_tock import TickTockState, tick_tock
 from jaxdist.sync.weighted import WeightedState, weighted_allreduce
@@ -76,6 +78,7 @@ __all__ = [
   'SpikeState',
   'StaleState',
   'StreamingDiLoCoState',
+  'StreamingExchange',
   'TickTockState',
   'WeightedState',
   'ZeroOneAdamState',
@@ -114,6 +117,7 @@ __all__ = [
   'stage_delays',
   'stale_sync',
   'streaming_diloco',
+  'streaming_exchange',
   'tick_tock',
   'weighted_allreduce',
   'zero_one_adam',

@@ -12,22 +12,20 @@ then blends its local fragment with the new anchor.
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax import lax
 
 from jaxdist import comm
 from jaxdist.sync import _averaging, _checks
+from jaxdist.sync._fragments import Cut, Layout, check_layout
 from jaxdist.sync.diloco import outer_step
 
-Layout = str | Callable[[Any], Any]
-LAYOUTS = ('sequential', 'strided')
+EXCHANGES = ('inline', 'deferred')
 
 
 class StreamingDiLoCoState(NamedTuple):
@@ -73,6 +71,7 @@ def streaming_diloco(
   alpha: float = 0.0,
   layout: Layout = 'sequential',
   averager: optax.GradientTransformation | None = None,
+  exchange: str = 'inline',
 ) -> optax.GradientTransformation:
   """Streaming DiLoCo: DiLoCo's outer step on one fragment at a time, overlapped, blended.
 
@@ -130,6 +129,10 @@ def streaming_diloco(
     averager: a transform that averages a fragment's pseudo-gradient over
       `axis_name` (e.g. a quantised all-reduce), one state per fragment; None
       is one dense all-reduce of the fragment.
+    exchange: 'inline' (the step averages and applies, above) or 'deferred'
+      (delay >= 1, no averager): the step keeps the fragment's own
+      pseudo-gradient in `pending` and applies nothing; `streaming_exchange`'s
+      programs average it and apply it, outside the step (below).
 
   Returns:
     An `optax.GradientTransformation`; put it after the inner optimizer.
@@ -148,6 +151,18 @@ def streaming_diloco(
     >>> run({'a': g, 'b': g})  # fragment 1 ('b') after step 1
     {'a': Array([3., 5.], dtype=float32), 'b': Array([4., 4.], dtype=float32)}
 
+  With `exchange='deferred'` the step sends nothing: the fragment's bytes
+  are recorded in `wire` as sent (the same records as inline) but its
+  pseudo-gradient stays in `pending` unaveraged, and the step due to apply
+  an average leaves its fragment at the local value (no outer step, no
+  blend). `streaming_exchange` gives the two programs that finish the job:
+  `average` of the sent fragment, which the caller may run on its own thread
+  beside the next τ steps, and `merge` after the step due to apply it, the
+  outer step and blend the inline step would have done. Run so, the models
+  are the inline run's: bitwise with α = 0; with α > 0 to float32 rounding
+  (the blend is taken as the new value, not as params + (new − params)).
+  `jd.train` does this with `config.sync.streaming_diloco.exchange`.
+
   References:
     Douillard et al. Streaming DiLoCo with overlapping communication: Towards
     a Distributed Free Lunch. 2025. https://arxiv.org/abs/2501.18512
@@ -157,13 +172,14 @@ def streaming_diloco(
   _averaging.check_period(period)
   _averaging.check_averager(averager)
   every = _check_schedule(period, fragments, delay, alpha)
-  _check_layout(layout)
+  deferred = _check_exchange(exchange, delay, averager)
+  check_layout(layout)
   outer = outer_optimizer or optax.sgd(0.7, momentum=0.9, nesterov=True)
   mean = _averaging.mean_fn(averager, axis_name)
   mark = comm.overlapped if delay >= 1 else lambda tree: tree
 
   def init_fn(params):
-    cut = _Cut.of(params, fragments, layout)
+    cut = Cut.of(params, fragments, layout)
     parts = [cut.part(params, p) for p in range(fragments)]
     with_averager = averager is not None
     return StreamingDiLoCoState(
@@ -179,7 +195,7 @@ def streaming_diloco(
 
   def update_fn(updates, state, params=None):
     _checks.needs_params('streaming_diloco', params)
-    cut = _Cut.of(params, fragments, layout)
+    cut = Cut.of(params, fragments, layout)
     count = state.count
 
     which = lambda offset: _due(count + offset, every, fragments, axis_name)
@@ -188,7 +204,7 @@ def streaming_diloco(
     start, _, _ = which(1 + delay)
     base = optax.apply_updates(params, updates)  # the local model after this step
     pending = state.pending if delay else jax.tree.map(jnp.zeros_like, params)
-    send = _sender(cut, mean, mark)
+    send = _holder(cut, mark) if deferred else _sender(cut, mean, mark)
 
     def idle(base, anchor, pending, avg_states, wires):
       del base, anchor
@@ -200,6 +216,7 @@ def streaming_diloco(
 
     # apply: the outer step of the fragment whose average is here, and the blend
     apply, frag, due = which(1)
+    apply, due_here = apply * (not deferred), due & (not deferred)  # deferred: `merge` applies
     take = _taker(cut, outer, alpha)
 
     def keep(params, updates, anchor, outer_states, pending):
@@ -213,12 +230,28 @@ def streaming_diloco(
     args = (params, updates, state.anchor, state.outer_state, arrived)
     updates, anchor, outer_states = lax.switch(apply, branches, *args)
     count, synced = _averaging.counted(state, due)
-    just = cut.flags(due & (alpha == 0), frag)
+    just = cut.flags(due_here & (alpha == 0), frag)
     pending = pending if delay else ()
     fields = (count, synced, anchor, outer_states, avg_states, wires, pending, just)
     return updates, StreamingDiLoCoState(*fields)
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _check_exchange(exchange: str, delay: int, averager: Any) -> bool:
+  """Checks `exchange` against the delay and averager; whether it is 'deferred'."""
+  if exchange not in EXCHANGES:
+    raise ValueError(f'exchange must be one of {EXCHANGES}, got {exchange!r}')
+  if exchange == 'deferred' and not (_checks.concrete(delay) and delay >= 1):
+    raise ValueError(
+      f"exchange='deferred' needs delay >= 1 (steps for the exchange to run beside), got {delay}"
+    )
+  if exchange == 'deferred' and averager is not None:
+    raise ValueError(
+      "exchange='deferred' averages each fragment with one dense all-reduce; pass averager=None "
+      "or use exchange='inline'"
+    )
+  return exchange == 'deferred'
 
 
 def _check_schedule(period: int, fragments: int, delay: int, alpha: float) -> int:
@@ -242,7 +275,7 @@ def _due(step: jax.Array, every: int, fragments: int, axis_name: comm.AxisName):
   return comm.agree(jnp.where(due, frag + 1, 0), axis_name), frag, due
 
 
-def _sender(cut: _Cut, mean, mark):
+def _sender(cut: Cut, mean, mark):
   """`send(p)`: the switch branch that averages fragment p's pseudo-gradient into `pending`."""
 
   def send(p):
@@ -260,171 +293,155 @@ def _sender(cut: _Cut, mean, mark):
   return send
 
 
-def _taker(cut: _Cut, outer: optax.GradientTransformation, alpha: float):
+def _holder(cut: Cut, mark):
+  """`hold(p)`: the deferred switch branch: fragment p's own pseudo-gradient into `pending`.
+
+  Its all-reduce is recorded as sent (the inline branch's record): the
+  caller runs it, as `streaming_exchange`'s `average`.
+  """
+
+  def hold(p):
+    def branch(base, anchor, pending, avg_states, wires):
+      pseudo = optax.tree.sub(cut.part(anchor, p), cut.part(base, p))
+      sent = mark(tuple(comm.ran(w, 1) for w in wires[p]))
+      return cut.merge(pending, pseudo, p), avg_states, _at(comm.silence(wires), p, sent)
+
+    return branch
+
+  return hold
+
+
+def _outer(cut: Cut, outer: optax.GradientTransformation, alpha: float, p: int):
+  """Fragment p's outer step and blend: (local, anchor, outer states, pending) -> (new, ...).
+
+  `local` is fragment p of the worker's model after this step's inner update;
+  `new` its value after the blend (the new anchor's fragment with α = 0).
+  """
+
+  def step(local, anchor, outer_states, pending):
+    part, outer_p = outer_step(outer, cut.part(pending, p), outer_states[p], cut.part(anchor, p))
+    new = part
+    if alpha:
+      new = jax.tree.map(lambda a, w: (a + alpha * (w - a)).astype(a.dtype), part, local)
+    return new, cut.merge(anchor, part, p), _at(outer_states, p, outer_p)
+
+  return step
+
+
+def _taker(cut: Cut, outer: optax.GradientTransformation, alpha: float):
   """`take(p)`: the switch branch of fragment p's outer step and its blend with the local model."""
 
   def take(p):
     def branch(params, updates, anchor, outer_states, pending):
-      part = cut.part(anchor, p)
-      part, outer_p = outer_step(outer, cut.part(pending, p), outer_states[p], part)
       mine = cut.part(params, p)
-      new = part
-      if alpha:
-        local = optax.apply_updates(mine, cut.part(updates, p))
-        new = jax.tree.map(lambda a, w: (a + alpha * (w - a)).astype(a.dtype), part, local)
-      updates = cut.merge(updates, optax.tree.sub(new, mine), p)
-      return updates, cut.merge(anchor, part, p), _at(outer_states, p, outer_p)
+      local = optax.apply_updates(mine, cut.part(updates, p)) if alpha else mine
+      new, anchor, outer_states = _outer(cut, outer, alpha, p)(local, anchor, outer_states, pending)
+      return cut.merge(updates, optax.tree.sub(new, mine), p), anchor, outer_states
 
     return branch
 
   return take
 
 
-def fragment_labels(params: Any, fragments: int, layout: Layout = 'sequential') -> Any:
-  """The fragment of every leaf of `params`: a tree of ints in [0, fragments).
+class StreamingExchange(NamedTuple):
+  """The exchange of `streaming_diloco(exchange='deferred')`, as programs of its own.
 
-  A fragment is made of whole units: the entries of the tree's top level
-  (below any chain of single-entry containers, such as flax's `{'params':
-  ...}`), so a transformer's `block_i`, `embed`, `ln_f` each go whole into
-  one fragment, as the paper groups whole blocks. Where there are fewer units
-  than fragments, every leaf is a unit. Units are ordered by name, numbers
-  compared as numbers (`block_2` before `block_10`).
+  Both functions run per worker under the worker axes (`shard_map` over the
+  devices × `vmap` over a device's workers, as the step), on one worker's
+  values. With `count` the transform's step count before a step (the
+  state's `count`, which is the loop's step in a run from scratch):
 
-  - 'sequential': consecutive units, cut into `fragments` groups (none
-    empty) so that the largest group's bytes, the peak a step sends, is as
-    small as it can be.
-  - 'strided': unit i goes to fragment i mod `fragments` (the paper's
-    strided layout).
-  - a function: `layout(params)` returns the fragment of each leaf, as a tree
-    of ints with the structure of `params` or a prefix of it.
+  - after the step at `count` where `sent(count)` = p (not None), run
+    `average(p, pending)` on that step's `pending`: fragment p's mean over
+    the workers (one dense all-reduce of its bytes). It may run beside the
+    next steps: nothing reads `pending` until the merge. Give those steps
+    `pending` of the same shapes (e.g. zeros), not the buffers it reads.
+  - after the step at `count` where `applied(count)` = p, put the average's
+    result into the state's `pending` (`state._replace(pending=...)`) and
+    run `merge(p, params, state)`: the outer step of fragment p and its
+    blend, which the inline step does inside that step.
+
+  With that done, the models and states are the inline run's (see
+  `streaming_diloco`); a checkpoint taken between the two must hold the
+  average in `pending`, as the inline state does.
+
+  Attributes:
+    every: H/P, the steps between two outer steps.
+    delay: τ, the steps between a fragment's send and its merge.
+    average: (p, pending) -> `pending` with fragment p averaged over the workers.
+    merge: (p, params, state) -> (params, state) after fragment p's outer step.
+  """
+
+  every: int
+  delay: int
+  fragments: int
+  average: Callable[[int, Any], Any]
+  merge: Callable[[int, Any, StreamingDiLoCoState], tuple[Any, StreamingDiLoCoState]]
+
+  def sent(self, count: int) -> int | None:
+    """The fragment whose pseudo-gradient the step at `count` takes (None: none)."""
+    due = count + 1 + self.delay
+    return (due // self.every - 1) % self.fragments if due % self.every == 0 else None
+
+  def applied(self, count: int) -> int | None:
+    """The fragment whose average is applied after the step at `count` (None: none)."""
+    due = count + 1
+    return (due // self.every - 1) % self.fragments if due % self.every == 0 else None
+
+
+def streaming_exchange(
+  outer_optimizer: optax.GradientTransformation | None = None,
+  period: int = 500,
+  *,
+  axis_name: comm.AxisName,
+  fragments: int = 1,
+  delay: int = 1,
+  alpha: float = 0.0,
+  layout: Layout = 'sequential',
+  averager: optax.GradientTransformation | None = None,
+  exchange: str = 'deferred',
+) -> StreamingExchange:
+  """The programs that finish `streaming_diloco(..., exchange='deferred')`'s steps.
+
+  Pass the arguments the transform was made with (`exchange` must be
+  'deferred'); `StreamingExchange` says when to run which.
 
   Args:
-    params: the parameters (shapes and dtypes are enough).
-    fragments: P.
-    layout: 'sequential', 'strided' or a function (above).
+    outer_optimizer: as `streaming_diloco`'s.
+    period: as `streaming_diloco`'s.
+    axis_name: as `streaming_diloco`'s.
+    fragments: as `streaming_diloco`'s.
+    delay: as `streaming_diloco`'s (>= 1).
+    alpha: as `streaming_diloco`'s.
+    layout: as `streaming_diloco`'s.
+    averager: as `streaming_diloco`'s (None).
+    exchange: 'deferred'.
 
   Returns:
-    A tree with the structure of `params`, an int per leaf.
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from jaxdist import sync
-    >>> params = {f'block_{i}': jnp.zeros(4) for i in range(3)} | {'embed': jnp.zeros(2)}
-    >>> sync.fragment_labels(params, 2)
-    {'block_0': 0, 'block_1': 0, 'block_2': 1, 'embed': 1}
-    >>> sync.fragment_labels(params, 2, 'strided')
-    {'block_0': 0, 'block_1': 1, 'block_2': 0, 'embed': 1}
+    A `StreamingExchange`.
   """
-  _check_layout(layout)
-  cut = _Cut.of(params, fragments, layout)
-  return jax.tree.unflatten(cut.treedef, list(cut.labels))
+  _averaging.check_averager(averager)
+  every = _check_schedule(period, fragments, delay, alpha)
+  if not _check_exchange(exchange, delay, averager):
+    raise ValueError("streaming_exchange finishes exchange='deferred' steps; got 'inline'")
+  check_layout(layout)
+  outer = outer_optimizer or optax.sgd(0.7, momentum=0.9, nesterov=True)
 
+  def average(p, pending):
+    cut = Cut.of(pending, fragments, layout)
+    mean, _ = comm.pmean(cut.part(pending, p), axis_name)
+    return cut.merge(pending, mean, p)
 
-# --- cutting a tree into fragments ------------------------------------------------------------
+  def merge(p, params, state):
+    cut = Cut.of(params, fragments, layout)
+    step = _outer(cut, outer, alpha, p)
+    new, anchor, outer_states = step(cut.part(params, p), state.anchor, state.outer_state,
+                                     state.pending)  # fmt: skip
+    just = cut.flags(jnp.asarray(alpha == 0), p)
+    state = state._replace(anchor=anchor, outer_state=outer_states, just_synced=just)
+    return cut.merge(params, new, p), state
 
-
-def _check_layout(layout: Any) -> None:
-  if not callable(layout) and layout not in LAYOUTS:
-    raise ValueError(f'layout must be one of {LAYOUTS} or a function, got {layout!r}')
-
-
-@dataclasses.dataclass(frozen=True)
-class _Cut:
-  """The fragment of every leaf (in flatten order) of trees with one structure."""
-
-  treedef: Any
-  labels: tuple[int, ...]
-
-  @classmethod
-  def of(cls, params: Any, fragments: int, layout: Layout) -> _Cut:
-    leaves, treedef = jax.tree.flatten(params)
-    if len(leaves) < fragments:
-      raise ValueError(
-        f'fragments must be <= the number of parameter arrays ({len(leaves)}), got {fragments}'
-      )
-    if callable(layout):
-      labels = _called(layout, params, treedef)
-    else:
-      units = _units(params)
-      if len(units) < fragments:
-        units = [[i] for i in range(len(leaves))]
-      sizes = [sum(leaves[i].size * jnp.dtype(leaves[i].dtype).itemsize for i in u) for u in units]
-      of_unit = _sequential(sizes, fragments) if layout == 'sequential' else None
-      labels = [0] * len(leaves)
-      for k, unit in enumerate(units):
-        for i in unit:
-          labels[i] = of_unit[k] if of_unit else k % fragments
-    empty = sorted(set(range(fragments)) - set(labels))
-    if empty or any(not 0 <= x < fragments for x in labels):
-      raise ValueError(
-        f'every leaf needs a fragment in [0, {fragments}) and every fragment a leaf; '
-        f'got labels {labels} (empty fragments: {empty})'
-      )
-    return cls(treedef, tuple(labels))
-
-  def part(self, tree: Any, p: int) -> Any:
-    """`tree` with the leaves of fragment p, `optax.MaskedNode` elsewhere."""
-    leaves = self.treedef.flatten_up_to(tree)
-    kept = [x if f == p else optax.MaskedNode() for x, f in zip(leaves, self.labels, strict=True)]
-    return self.treedef.unflatten(kept)
-
-  def merge(self, tree: Any, part: Any, p: int) -> Any:
-    """`tree` with fragment p's leaves taken from `part` (as `self.part` made it)."""
-    leaves = self.treedef.flatten_up_to(tree)
-    new = iter(jax.tree.leaves(part))
-    out = [next(new) if f == p else x for x, f in zip(leaves, self.labels, strict=True)]
-    return self.treedef.unflatten(out)
-
-  def flags(self, on: jax.Array, p: jax.Array | int) -> Any:
-    """A boolean per leaf: `on` for fragment p's leaves, False elsewhere."""
-    return self.treedef.unflatten([on & (p == f) for f in self.labels])
-
-
-def _called(layout: Callable[[Any], Any], params: Any, treedef: Any) -> list[int]:
-  """The labels `layout(params)` gives, broadcast from a prefix to every leaf."""
-  given = layout(params)
-  full = jax.tree.map(lambda f, sub: jax.tree.map(lambda _: f, sub), given, params)
-  return [int(x) for x in treedef.flatten_up_to(full)]
-
-
-def _units(params: Any) -> list[list[int]]:
-  """Leaf indices of each unit (top-level entry below single-entry chains), in name order."""
-  paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-  depth = 0
-  while all(len(p) > depth + 1 for p in paths) and len({p[depth] for p in paths}) == 1:
-    depth += 1
-  units: dict[str, list[int]] = {}
-  for i, path in enumerate(paths):
-    name = jax.tree_util.keystr((path[depth],)) if len(path) > depth else str(i)
-    units.setdefault(name, []).append(i)
-  return [units[name] for name in sorted(units, key=_natural)]
-
-
-def _natural(name: str) -> list[Any]:
-  """A sort key comparing the digits in `name` as numbers."""
-  return [int(t) if t.isdigit() else t for t in re.split(r'(\d+)', name)]
-
-
-def _sequential(sizes: Sequence[int], fragments: int) -> list[int]:
-  """Consecutive groups (none empty) with the smallest largest sum: the group of each size."""
-  n = len(sizes)
-  prefix = np.concatenate([[0], np.cumsum(sizes)])
-  # best[k][i]: the smallest largest sum of the first i sizes in k groups; cut[k][i]: last start
-  best = np.full((fragments + 1, n + 1), np.inf)
-  cut = np.zeros((fragments + 1, n + 1), int)
-  best[0][0] = 0
-  for k in range(1, fragments + 1):
-    for i in range(k, n + 1):
-      for j in range(k - 1, i):
-        worst = max(best[k - 1][j], prefix[i] - prefix[j])
-        if worst < best[k][i]:
-          best[k][i], cut[k][i] = worst, j
-  groups, i = [0] * n, n
-  for k in range(fragments, 0, -1):
-    j = cut[k][i]
-    groups[j:i] = [k - 1] * (i - j)
-    i = j
-  return groups
+  return StreamingExchange(every, delay, fragments, average, merge)
 
 
 def _at(items: tuple, p: int, value: Any) -> tuple:

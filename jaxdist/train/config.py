@@ -99,16 +99,13 @@ def _diloco_family(s: ml_collections.ConfigDict) -> None:
   # Streaming DiLoCo: `fragments` fragments, each synchronised every `period` steps, staggered
   # by period/fragments; the average arrives `delay` steps later (< period/fragments) and is
   # blended with the local fragment by `alpha` (weight on the local value); layout:
-  # sequential | strided (jd.sync.fragment_labels)
+  # sequential | strided (jd.sync.fragment_labels); exchange: inline | deferred (the all-reduce
+  # on its own thread beside the next steps, jaxdist.train.overlap; one CPU device a process)
   s.streaming_diloco = dict(
-    period=4,
-    fragments=2,
-    delay=1,
-    alpha=0.5,
-    layout='sequential',
+    period=4, fragments=2, delay=1, alpha=0.5, layout='sequential',
     outer_optimizer=optimizer('sgd', 0.7, momentum=0.9, nesterov=True),
-    averager='',
-  )
+    averager='', exchange='inline',
+  )  # fmt: skip
   # SparseLoCo (arXiv 2508.15706): DiLoCo with outer SGD on an error-fed pseudo-gradient, Top-k
   # per 64x64 tile (density 0.03125 = 128 of 4,096), 2-bit values, all-gathered. The authors'
   # 512M runs: H 15, outer lr 1, error decay 0.95.

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import optax
 
-from jaxdist import control, data, netmodel, runtime
+from jaxdist import control, data, netmodel, runtime, sync
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +69,8 @@ class Experiment:
     drops: `inject.Drop`s (config.fault.drop).
     init_from: the checkpoints' directory of the run this one starts from ('': none).
     init_step: the step of its checkpoint this run starts at (0 without `init_from`).
+    exchange: Streaming DiLoCo's deferred exchange, run beside the steps
+      (`overlap.Overlap`), or None.
   """
 
   workdir: str
@@ -114,6 +116,7 @@ class Experiment:
   drops: tuple = ()
   init_from: str = ''
   init_step: int = 0
+  exchange: sync.StreamingExchange | None = None
 
   @property
   def counted(self) -> bool:

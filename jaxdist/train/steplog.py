@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import time
 from collections.abc import Iterator
@@ -227,12 +228,14 @@ class PerWorkerFetch(Fetch):
   Args:
     workers: the layout.
     runs: the train step's `runs` (`step_metrics.reduce_metrics`).
+    submit: runs a gather where the run's other collectives between processes
+      run, returning a future (`overlap.Overlap.submit`); None: here, now.
   """
 
   GATHER_EVERY = 10
 
-  def __init__(self, workers, runs):
-    self.workers, self.runs = workers, runs
+  def __init__(self, workers, runs, submit=None):
+    self.workers, self.runs, self.submit = workers, runs, submit
     self.every = 1 if jax.process_count() == 1 else self.GATHER_EVERY
     self._gather = None
 
@@ -258,13 +261,17 @@ class PerWorkerFetch(Fetch):
       return device_metrics
     n = len(device_metrics)
     padded = [*device_metrics, *[device_metrics[-1]] * (-n % self.every)]
-    gathered = [
-      self._gather(padded[i : i + self.every])[: min(self.every, n - i)]
-      for i in range(0, n, self.every)
-    ]
-    for x in jax.tree.leaves(gathered):
-      x.copy_to_host_async()
-    return [raw for part in gathered for raw in part]
+
+    def gather():
+      gathered = [
+        self._gather(padded[i : i + self.every])[: min(self.every, n - i)]
+        for i in range(0, n, self.every)
+      ]
+      for x in jax.tree.leaves(gathered):
+        x.copy_to_host_async()
+      return [raw for part in gathered for raw in part]
+
+    return gather() if self.submit is None else self.submit(gather)
 
   def read(self, handle):
     """The steps' metrics dicts (`step_metrics.reduce_metrics`).
@@ -275,4 +282,6 @@ class PerWorkerFetch(Fetch):
     Returns:
       One dict per step, in order.
     """
+    if isinstance(handle, concurrent.futures.Future):
+      handle = handle.result()
     return [step_metrics.reduce_metrics(raw, self.runs) for raw in jax.device_get(handle)]

@@ -32,6 +32,7 @@ from jaxdist.train import (
   interrupt,
   ledger,
   metrics,
+  overlap,
   report,
   warm_start,
 )
@@ -114,27 +115,27 @@ def train(
   with interrupt.Stop(exp.steps) as stop:
     state, start, meta, control_state = restore_or_init(exp, ckpt, init, state_shape)
     if lead and start:
-      how = f'started from {meta["init_from"]} at' if 'init_from' in meta else 'resumed from'
-      print('  '.join(filter(None, [label, f'{how} step {start} of {exp.steps}'])))
+      _started(label, meta, start, exp.steps)
     if lead:  # the config this run goes on with
       metrics.write_atomic(os.path.join(exp.workdir, CONFIG_FILE), json.dumps(exp.record, indent=2))
 
-    # the compute term of the modelled clock: one worker's replica of `state` timed alone
-    compute_s = calibrate.worker_step_s(exp, meta, state)
+    compute_s = calibrate.worker_step_s(exp, meta, state)  # one worker's replica, timed alone
     prices = ledger.Ledger.of(exp, comm.find_transfers(state_shape.opt_state), compute_s)
     bar = report.progress(exp.steps, start, enabled=lead and exp.progress, label=label)
     clock, wall0 = Clock(), time.time()
     host = Host(exp, compute_s, prices, clock, calibrate.candidate_step_s(exp, meta, state))
     host.restore(control_state)
     writer = metrics.MetricsWriter(exp.workdir, start, enabled=lead)
+    exchange = overlap.Overlap(exp.exchange, workers)  # a deferred exchange's own programs
     log = StepLog(writer, prices, exp.schedule, bar.show, host.observe, host.compute_at,
-                  PerWorkerFetch(workers, train_step.runs))  # fmt: skip
+                  PerWorkerFetch(workers, train_step.runs, exchange.submit))  # fmt: skip
 
     def step(t: int, state):
       plan = host.plan(t, log)  # first the last step's record, if the plan reads it
       state = host.prepare(state, plan)
       batch, tx_args, fields = host.batch(t, state, plan)
       state, m = train_step(state, *batch, **tx_args)
+      state = exchange.after(t, state)
       log.push(t + 1, m, plan)
       log.add(fields)
       bar.update(1)
@@ -144,11 +145,11 @@ def train(
     evaluation = Evaluation(exp, log)
     saved = {'seed': exp.seed, 'config': dict(exp.record), 'compute_s': compute_s,
              'compute_s_candidates': host.candidate_s, **elastic.recorded(exp)}  # fmt: skip
-    save = saving(ckpt, log, host, saved)
+    save = exchange.settled(saving(ckpt, log, host, saved))
     exploring = lambda: host.exploring  # evaluations, checkpoints and stops wait for its end
     hooks = [
       host.finish_at_last,  # an exploration still running at the last step is undone
-      loop_lib.every(exp.eval_every, evaluation, wait=exploring),
+      loop_lib.every(exp.eval_every, exchange.settled(evaluation), wait=exploring),
       loop_lib.every(exp.checkpoint_every, save, wait=exploring),
       kill_at_step(exp.kill_at_step, exp.kill_signal, log, ckpt),
     ]
@@ -159,10 +160,10 @@ def train(
     if loop.t < exp.steps or stop.settle():  # every process stops at this step
       if loop.t > start and ckpt.saved_step != loop.t:
         save(loop)
-      _close(bar, log.writer, ckpt)
+      _close(bar, log.writer, ckpt, exchange)
       raise interrupt.Interrupted(loop.t, stop.signum)
-  last_eval = evaluation.last or evaluation.run(loop.state)  # nothing left to train
-  _close(bar, log.writer, ckpt)
+  last_eval = evaluation.last or evaluation.run(exchange.settle(loop.state))  # none to train
+  _close(bar, log.writer, ckpt, exchange)
 
   records = metrics.read_jsonl(log.writer.path) if lead else []
   summary = {
@@ -177,8 +178,14 @@ def train(
   return summary
 
 
+def _started(label: str, meta: dict[str, Any], start: int, steps: int) -> None:
+  """Says on the console where a run that does not start at step 0 starts from."""
+  how = f'started from {meta["init_from"]} at' if 'init_from' in meta else 'resumed from'
+  print('  '.join(filter(None, [label, f'{how} step {start} of {steps}'])))
+
+
 def _close(*things) -> None:
-  """Closes the run's progress bar, metrics writer and checkpointer (waiting for its writes)."""
+  """Closes the run's progress bar, metrics writer, checkpointer and exchange thread (waiting)."""
   for thing in things:
     thing.close()
 

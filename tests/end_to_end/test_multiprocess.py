@@ -1,4 +1,9 @@
-"""2 processes x 4 CPU devices on 127.0.0.1 == 1 process x 8 devices (digits, and the GPT)."""
+"""2 processes x 4 CPU devices on 127.0.0.1 == 1 process x 8 devices (digits, and the GPT).
+
+Streaming DiLoCo's processes defer its exchange to a thread of their own (`exchange:
+deferred`) against the single process's inline one: the same models. With one device a
+process (`extended`) that thread's all-reduce runs at once with the next steps.
+"""
 
 import os
 import subprocess
@@ -39,9 +44,26 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize('case', sorted(CASES))
+DEFERRED = '--config.sync.streaming_diloco.exchange=deferred'
+# the multi-process runs' own options, and their devices a process
+MULTI = {
+  'digits': ([], 4),
+  'lm_streaming_diloco': ([DEFERRED], 4),
+  'lm_streaming_overlapped': ([DEFERRED], 1),
+}
+CASES['lm_streaming_overlapped'] = CASES['lm_streaming_diloco']
+
+
+@pytest.mark.parametrize(
+  'case',
+  [
+    *sorted(set(CASES) - {'lm_streaming_overlapped'}),
+    pytest.param('lm_streaming_overlapped', marks=pytest.mark.extended),
+  ],
+)
 def test_two_processes_match_one(tmp_path, data_dir, case):
   spec, *options = CASES[case]
+  multi_options, devices = MULTI[case]
   config = [
     f'--config={os.path.join(REPO, spec)}',
     *options,
@@ -64,8 +86,9 @@ def test_two_processes_match_one(tmp_path, data_dir, case):
     subprocess.Popen(
       binary_cmd(
         *config,
+        *multi_options,
         f'--workdir={multi}',
-        '--cpu_devices=4',
+        f'--cpu_devices={devices}',
         f'--coordinator_address={address}',
         '--num_processes=2',
         f'--process_id={i}',
@@ -84,7 +107,8 @@ def test_two_processes_match_one(tmp_path, data_dir, case):
       p.kill()
   for p, out in zip(procs, outputs, strict=True):
     assert p.returncode == 0, out[-3000:]
-  assert '8 workers = 8 devices (cpu) x 1 simulated' in outputs[0]
+  layout = f'8 workers = {2 * devices} devices (cpu) x {4 // devices} simulated'
+  assert layout in outputs[0], outputs[0][-3000:]
 
   want, want_meta = checkpoint.read(os.path.join(single, 'checkpoints'))
   got, got_meta = checkpoint.read(os.path.join(multi, 'checkpoints'))

@@ -292,3 +292,76 @@ def test_an_averager_per_fragment_with_a_delay():
   sent = [(any(h[:n]), any(h[n:])) for h in run.history]
   assert sent == [(True, False), (False, False), (False, True), (False, False)] * 2
   assert all(np.isfinite(np.asarray(v)).all() for v in run.params.values())
+
+
+# --- the deferred exchange: the same run, its all-reduce a program of its own -------------------
+
+
+def deferred(run, exchange, t):
+  """After step t of a deferred `run`: the merge due, then the average of the fragment sent."""
+  inner, state = run.state
+  if (p := exchange.applied(t)) is not None:
+    merge = run.workers.map(lambda params, s: exchange.merge(p, params, s), (0, 0))
+    run.params, state = jax.jit(merge)(run.params, state)
+  if (p := exchange.sent(t)) is not None:
+    average = run.workers.map(lambda pending: exchange.average(p, pending), (0,))
+    state = state._replace(pending=jax.jit(average)(state.pending))
+  run.state = (inner, state)
+
+
+@pytest.mark.parametrize('devices', [8, 2], ids=['8-devices', '2x4-simulated'])
+@pytest.mark.parametrize('alpha', [0.0, 0.5])
+def test_deferred_exchange_gives_the_inline_run(devices, alpha):
+  """H = 6, P = 3, τ = 1 (P = 3: the 'w', 'b' and 'c' leaves): the step keeps the fragment's own
+  pseudo-gradient and sends nothing; `streaming_exchange`'s average and merge, run after the
+  steps `sent` and `applied` name, give the inline run's models and states: bitwise with α = 0
+  on one worker a device, else to float32 rounding; the same transfers recorded."""
+  shapes = {**SHAPES, 'c': (3,)}
+  kw = dict(fragments=3, delay=1, alpha=alpha)
+  outer = lambda: optax.sgd(0.7, momentum=0.9, nesterov=True)
+  inline = testing.Run(streaming(6, outer(), **kw), start(shapes), workers=W, devices=devices)
+  run = testing.Run(
+    streaming(6, outer(), exchange='deferred', **kw), start(shapes), workers=W, devices=devices
+  )
+  exchange = sync.streaming_exchange(outer(), 6, axis_name=AX, **kw)
+  assert [exchange.sent(t) for t in range(7)] == [0, None, 1, None, 2, None, 0]
+  assert [exchange.applied(t) for t in range(7)] == [None, 0, None, 1, None, 2, None]
+  exact = alpha == 0 and devices == 8
+  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, equal_nan=False)
+  same = np.testing.assert_array_equal if exact else close
+  for t in range(13):
+    want = inline(grads_at(t, shapes))
+    run(grads_at(t, shapes))
+    deferred(run, exchange, t)
+    jax.tree.map(same, run.params, want)
+    jax.tree.map(same, run.state[1].anchor, inline.state[1].anchor)
+    jax.tree.map(same, run.state[1].pending, inline.state[1].pending)
+    jax.tree.map(same, run.state[1].just_synced, inline.state[1].just_synced)
+  assert run.history == inline.history  # the step records the fragment's all-reduce it left
+  assert int(run.state[1].synced[0]) == int(inline.state[1].synced[0]) == 6
+
+
+def test_a_deferred_step_sends_nothing_and_the_average_sends_the_fragment():
+  """The lowered HLO: no all-reduce in the deferred step; the average's, of fragment p's bytes."""
+  tx = streaming(6, fragments=2, delay=1, exchange='deferred')
+  run = testing.Run(tx, start(), workers=W, devices=8)
+  assert comm.hlo.collectives(run.step.lower(*run.args(grads_at(0))).compile().as_text()) == []
+  exchange = sync.streaming_exchange(None, 6, axis_name=AX, fragments=2, delay=1)
+  workers = runtime.layout(W, devices=8)
+  pending = jax.tree.map(lambda x: jnp.zeros((W, *x.shape)), start())
+  for p, nbytes in [(0, 4 * 4), (1, 4 * 24)]:  # fragment 0 is 'b', 1 is 'w' (sequential, by name)
+    average = jax.jit(workers.map(lambda x, p=p: exchange.average(p, x), (0,)))
+    found = comm.hlo.collectives(average.lower(pending).compile().as_text())
+    assert [c.nbytes for c in found] == [nbytes]
+
+
+def test_deferred_misuse_is_refused():
+  with pytest.raises(ValueError, match='needs delay >= 1'):
+    sync.streaming_diloco(period=8, axis_name=AX, exchange='deferred')
+  with pytest.raises(ValueError, match='pass averager=None'):
+    averager = sync.allreduce(axis_name=AX)
+    sync.streaming_diloco(period=8, axis_name=AX, delay=1, exchange='deferred', averager=averager)
+  with pytest.raises(ValueError, match='exchange must be one of'):
+    sync.streaming_diloco(period=8, axis_name=AX, exchange='thread')
+  with pytest.raises(ValueError, match="finishes exchange='deferred' steps"):
+    sync.streaming_exchange(period=8, axis_name=AX, delay=1, exchange='inline')

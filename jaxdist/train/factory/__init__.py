@@ -43,6 +43,7 @@ from jaxdist.train.factory.chain import (
   build_compressor,
   build_optimizer,
   check_per_worker,
+  deferred_exchange,
   per_worker,
   sync_transform,
 )
@@ -238,13 +239,14 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     ratio_control = controls.build(config, workers.count, networks, _num_params(model, ds))
     candidates = controls.compiled(config) if ratio_control is not None else ()
     kill = kill_signal(config)
+    exchange = deferred_exchange(config, workers)
   except ValueError as e:
     raise ConfigError(str(e)) from e
   return Experiment(
     workdir=workdir, dataset=ds, model=model, tx=tx, schedule=schedule, workers=workers,
     networks=networks, record=record(config), **_run(config, workers), hierarchy=nodes,
     cluster=cluster, batching=batching, sampler=sampler, ratio_control=ratio_control,
-    ratios=candidates, drops=drops, kill_signal=kill,
+    ratios=candidates, drops=drops, kill_signal=kill, exchange=exchange,
   )  # fmt: skip
 
 

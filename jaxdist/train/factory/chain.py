@@ -181,7 +181,7 @@ SUPPLIES: dict[str, Callable[..., dict[str, Any]]] = {
 
 
 def sync_transform(
-  config, workers: runtime.Workers, opt, schedule=None
+  config, workers: runtime.Workers, opt, schedule=None, make: Callable[..., Any] | None = None
 ) -> optax.GradientTransformation:
   """The transform `config.sync.method` names, built from its section.
 
@@ -193,9 +193,11 @@ def sync_transform(
     schedule: config.optimizer's learning rate, passed as the
       `learning_rate` of a method that is the whole optimizer ('own'; None:
       built from config.optimizer).
+    make: what to call with the section instead of the method's factory
+      (`deferred_exchange`).
 
   Returns:
-    The transform.
+    The transform (or what `make` returns).
   """
   method = config.sync.method
   row, where = methods.get(method), f'sync.{method}'
@@ -211,7 +213,8 @@ def sync_transform(
   for name in row.supplies:
     supplied.update(SUPPLIES[name](config, workers, section, where))
   uneven = config.batching != 'uniform' or str(config.fault.drop).strip()
-  make = row.weighted if row.weighted and uneven else row.make  # weights b_k / G
+  if make is None:
+    make = row.weighted if row.weighted and uneven else row.make  # weights b_k / G
   if row.optimizer == 'in':
     supplied[next(iter(inspect.signature(make).parameters))] = opt
   if row.optimizer == 'own':
@@ -219,6 +222,28 @@ def sync_transform(
       schedule = build_optimizer(config.optimizer, config.steps)[1]
     supplied['learning_rate'] = shifted(schedule, warm_start_step(config))
   return call(make, where, section, **supplied)
+
+
+def deferred_exchange(config, workers: runtime.Workers) -> sync.StreamingExchange | None:
+  """Streaming DiLoCo's exchange run beside the steps (`exchange: deferred`), or None.
+
+  Args:
+    config: the run's config.
+    workers: the worker layout.
+
+  Returns:
+    `jd.sync.streaming_exchange` of the method's section, or None.
+  """
+  method = config.sync.method
+  if method != 'streaming_diloco' or config.sync[method].get('exchange') != 'deferred':
+    return None
+  platform = workers.mesh.devices.flat[0].platform
+  if per_worker(config, workers.per_device, platform) == 'device':
+    raise ValueError(
+      "config.sync.streaming_diloco.exchange='deferred' runs on a model per worker; "
+      "set config.sync.per_worker to 'auto' or 'vmap', or exchange to 'inline'"
+    )
+  return sync_transform(config, workers, None, make=sync.streaming_exchange)
 
 
 COMPENSATIONS = ('spike_compensation', 'linear_weight_prediction')

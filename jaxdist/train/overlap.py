@@ -1,0 +1,197 @@
+"""Executed overlap: Streaming DiLoCo's outer all-reduce on its own thread, beside the steps.
+
+With `config.sync.streaming_diloco.exchange = 'deferred'` the train step
+keeps a fragment's pseudo-gradient in the state and sends nothing
+(`jd.sync.streaming_diloco`); `Overlap` runs the rest of the exchange
+(`jd.sync.streaming_exchange`) as two programs of their own:
+
+- after the step that takes a fragment's pseudo-gradient, the fragment's
+  all-reduce (`average`), dispatched and waited for on a thread of its own;
+  the next steps get a zeroed `pending` in its place, so no step donates
+  the buffer the all-reduce reads;
+- after the step due to apply it, τ steps later, its result goes into the
+  state's `pending` and `merge` takes the fragment's outer step and blend.
+
+Why a thread: a CPU program dispatched from one Python thread waits for the
+last one that thread dispatched, so the steps and an all-reduce dispatched
+from the same thread run one after the other. From a second thread, with
+one CPU device per process, the runtime runs them at once (measured by
+`experiments/overlap_probe.py`: 0.94 of a 100 Mbit/s exchange hidden;
+with two devices a process, programs are chained across threads too and
+0.03 is). The step has no collective of its own between processes
+(DiLoCo's inner steps are local), and every other collective the loop
+dispatches between processes (the per-worker metrics' gather, the
+evaluation, a checkpoint's state) either goes through the same thread
+after the exchange (`submit`) or waits for it (`settle`): two collectives
+at once on one communicator could pair the wrong messages.
+
+The loop's state between a send and its merge holds the zeroed `pending`;
+`settle` puts the average in first, so an evaluation or checkpoint sees the
+state the inline run has, and a run resumed from it merges at the step the
+schedule says. On a GPU the same programs run from the same threads; there
+XLA's asynchronous collectives could also overlap inside one program, which
+is not tried here.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdist import sync
+from jaxdist.runtime import Workers
+
+
+class Overlap:
+  """Runs a deferred exchange's programs around the train steps (see the module docstring).
+
+  Args:
+    exchange: the programs (`jd.sync.streaming_exchange`), or None: nothing to
+      do (every method then behaves as before).
+    workers: the worker layout of the train state.
+  """
+
+  def __init__(self, exchange: sync.StreamingExchange | None, workers: Workers):
+    self.exchange, self.workers = exchange, workers
+    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='jaxdist-exchange')
+    self._inflight: concurrent.futures.Future | None = None
+    self._offset: int | None = None  # the transform's count minus the loop's step
+    self._average: dict[int, Callable] = {}
+    self._merge: dict[int, Callable] = {}
+    self._zeros: Callable | None = None
+
+  def after(self, t: int, state) -> Any:
+    """The state after the loop's step `t`, with the exchange's programs due after it run.
+
+    Args:
+      t: the step just dispatched (0-based).
+      state: its `TrainState`.
+
+    Returns:
+      The state the next step takes.
+    """
+    if self.exchange is None:
+      return state
+    if self._offset is None:  # read once: a warm start's transform counts from its own 0
+      count = _found(state.opt_state).count
+      self._offset = int(np.asarray(count.addressable_shards[0].data).ravel()[0]) - (t + 1)
+    count = self._offset + t
+    if (p := self.exchange.applied(count)) is not None:
+      state = self.settle(state)
+      state = self._program(self._merge, p, self._merge_fn)(state)
+    if (p := self.exchange.sent(count)) is not None:
+      pending = _found(state.opt_state).pending
+      average = self._program(self._average, p, self._average_fn)
+      self._inflight = self._pool.submit(lambda: jax.block_until_ready(average(pending)))
+      state = _with_pending(state, self._zeroed(pending)())
+    return state
+
+  def settle(self, state) -> Any:
+    """`state` with the exchange in flight, if any, waited for and put into `pending`.
+
+    Args:
+      state: the `TrainState`.
+
+    Returns:
+      The state as the inline run has it after the same step.
+    """
+    if self._inflight is None:
+      return state
+    mean, self._inflight = self._inflight.result(), None
+    return _with_pending(state, mean)
+
+  def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+    """Runs `fn` (a collective between processes) where the exchange runs, after it.
+
+    Without an exchange, here and now: the steps' own collectives run on this
+    thread, and one on another thread could run at once with them.
+
+    Args:
+      fn: what to run.
+
+    Returns:
+      Its future.
+    """
+    if self.exchange is not None:
+      return self._pool.submit(fn)
+    done = concurrent.futures.Future()
+    done.set_result(fn())
+    return done
+
+  def settled(self, action: Callable[[Any], None]) -> Callable[[Any], None]:
+    """A loop hook that settles the loop's state (`settle`) before running `action` on it.
+
+    Args:
+      action: a hook (`loop.Hook`) that reads the state: an evaluation, a checkpoint.
+
+    Returns:
+      The hook.
+    """
+
+    def hook(loop) -> None:
+      loop.state = self.settle(loop.state)
+      action(loop)
+
+    return hook
+
+  def close(self) -> None:
+    """Waits for what runs on the thread, and ends it."""
+    self._pool.shutdown(wait=True)
+
+  def _program(self, cache: dict[int, Callable], p: int, make: Callable[[int], Callable]):
+    if p not in cache:
+      cache[p] = make(p)
+    return cache[p]
+
+  def _average_fn(self, p: int) -> Callable:
+    average = lambda pending: self.exchange.average(p, pending)
+    return jax.jit(self.workers.map(average, (0,)))
+
+  def _merge_fn(self, p: int) -> Callable:
+    def merge(params, opt_state):
+      params, found = self.exchange.merge(p, params, _found(opt_state))
+      return params, _replaced(opt_state, found)
+
+    mapped = jax.jit(self.workers.map(merge, (0, 0)), donate_argnums=(0, 1))
+
+    def run(state):
+      params, opt_state = mapped(state.params, state.opt_state)
+      return state._replace(params=params, opt_state=opt_state)
+
+    return run
+
+  def _zeroed(self, pending) -> Callable:
+    if self._zeros is None:
+      shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), pending)
+      zeros = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+      self._zeros = jax.jit(zeros, out_shardings=self.workers.sharding)
+    return self._zeros
+
+
+_IS_STATE = lambda x: isinstance(x, sync.StreamingDiLoCoState)
+
+
+def _found(opt_state) -> sync.StreamingDiLoCoState:
+  """The one `StreamingDiLoCoState` in `opt_state`."""
+  found = [x for x in jax.tree.leaves(opt_state, is_leaf=_IS_STATE) if _IS_STATE(x)]
+  if len(found) != 1:
+    raise ValueError(
+      f'a deferred exchange needs one streaming_diloco in the chain, found {len(found)}'
+    )
+  return found[0]
+
+
+def _replaced(opt_state, new: sync.StreamingDiLoCoState):
+  """`opt_state` with its `StreamingDiLoCoState` replaced by `new`."""
+  return jax.tree.map(lambda x: new if _IS_STATE(x) else x, opt_state, is_leaf=_IS_STATE)
+
+
+def _with_pending(state, pending):
+  """The `TrainState` `state` with its streaming state's `pending` replaced."""
+  found = _found(state.opt_state)
+  return state._replace(opt_state=_replaced(state.opt_state, found._replace(pending=pending)))
