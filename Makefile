@@ -68,8 +68,8 @@ bench-lm: $(VENV)/.installed
 
 # Training over real, rate-limited links between network namespaces on this machine (root):
 # measured steps beside the modelled clock (experiments/bench_network.py), with the peers'
-# PyTorch DDP on the same links given TORCH_PYTHON; 8 hosts and the language model's DiLoCo
-# family each write a table of their own
+# PyTorch DDP on the same links given TORCH_PYTHON; 8 hosts, the language model's DiLoCo
+# family and its exchange beside the steps (one worker a host) each write a table of their own
 NETWORK = $(PY) experiments/bench_network.py --steps=200 \
 	  $(if $(TORCH_PYTHON),--torch_python=$(TORCH_PYTHON))
 bench-network: $(VENV)/.installed
@@ -86,6 +86,10 @@ bench-network: $(VENV)/.installed
 	  --variants=configs/variants/network_lm.py --metric=test_loss --hosts=2 --rates=100,unlimited \
 	  --only=bsp,bsp_bucketed --steps=60 --workdir=workdir/network_buckets_lm \
 	  --results=experiments/results/network_buckets_lm.md
+	$(PY) experiments/bench_network.py --config=configs/shakespeare_gpt.py \
+	  --variants=configs/variants/overlap_lm.py --metric=test_loss --hosts=2,4 \
+	  --workers_per_host=1 --rates=100,unlimited --steps=300 --workdir=workdir/network_overlap \
+	  --results=experiments/results/network_overlap.md
 
 # jaxdist beside PyTorch DDP on the digits CNN: jaxdist's half, and DDP's beside it with
 # TORCH_PYTHON=path/to/torchenv/bin/python (a separate venv with torch; never this one)

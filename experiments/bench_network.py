@@ -80,6 +80,12 @@ flags.DEFINE_string('variants', 'configs/variants/network.py', 'Variants file of
 flags.DEFINE_list('only', None, 'Variants to run (default: the whole file).')
 flags.DEFINE_integer('steps', 30, 'Training steps per run.')
 flags.DEFINE_integer(
+  'workers_per_host',
+  0,
+  "Workers (CPU devices) each host runs: N·K workers on K hosts (0: the config's workers, "
+  'spread over the hosts). An exchange beside the steps needs 1 (jaxdist.train.overlap).',
+)
+flags.DEFINE_integer(
   'exchange_steps',
   300,
   'Also run each variant this many steps with one example per worker and evaluation only at '
@@ -192,6 +198,7 @@ def run(
     f'--coordinator_address={hosts.addresses[0]}:23456', f'--num_processes={k}',
     *flags_of(overrides), f'--config.network.profiles={nets}',
     *([f'--config.batch_size={devices * k}'] if exchange else []),
+    *([f'--config.workers={devices * k}'] if FLAGS.workers_per_host else []),
   ]  # fmt: skip
   start = time.perf_counter()
   commands = [[*base, f'--process_id={i}', f'--cpu_devices={devices}'] for i in range(k)]
@@ -536,14 +543,16 @@ def main(argv):
   group = compare.load_group(FLAGS.variants)
   names = FLAGS.only or list(group.variants)
   workers = factory.load_config(FLAGS.config).workers
+  if FLAGS.workers_per_host < 0:
+    raise app.UsageError(f'--workers_per_host must be >= 0, got {FLAGS.workers_per_host}')
   for k in (int(h) for h in FLAGS.hosts):
-    if workers % k:
+    if workers % k and not FLAGS.workers_per_host:
       raise app.UsageError(f"--hosts {k} must divide the config's {workers} workers")
     for rate in [] if FLAGS.tables_only else FLAGS.rates:
       with netns.Hosts(k, None if rate == 'unlimited' else float(rate)) as hosts:
         print(f'{k} hosts {hosts.names} at {rate}: {hosts.addresses}', flush=True)
         if not FLAGS.dry_run:
-          measure(hosts, rate, group, names, workers)
+          measure(hosts, rate, group, names, FLAGS.workers_per_host * k or workers)
   if FLAGS.dry_run:
     return
   if not FLAGS.tables_only:
@@ -551,7 +560,9 @@ def main(argv):
       f.write(' '.join(['python', 'experiments/bench_network.py', *sys.argv[1:]]) + '\n')
   rows, links, ddp_rows, latency, split, alone = tabulate(names, workers, dense_variants(group))
   target = FLAGS.target or "the first variant's final on that link"
-  title = (f'{FLAGS.config} with {FLAGS.variants} settings, {workers} workers on {FLAGS.hosts} '
+  spread = (f'{FLAGS.workers_per_host} worker(s) a host' if FLAGS.workers_per_host
+            else f'{workers} workers')  # fmt: skip
+  title = (f'{FLAGS.config} with {FLAGS.variants} settings, {spread} on {FLAGS.hosts} '
            f'hosts, {FLAGS.steps} steps; target {FLAGS.metric} {target}')  # fmt: skip
   link_title = (
     'the links: α and β of the ring of all workers, fitted to all-reduces across the '
@@ -559,7 +570,8 @@ def main(argv):
   )
   print(f'\n{link_title}\n' + report.table(links, LINK_COLUMNS))
   print(f'\n{title}\n' + report.table(rows, COLUMNS))
-  why = notes(rows, latency, workers, FLAGS.latency_us)
+  per_host = FLAGS.workers_per_host
+  why = notes(rows, latency, (lambda k: per_host * k) if per_host else workers, FLAGS.latency_us)
   print('\n'.join(['', *why]))
   alone_title = (
     'the exchange alone (one example per worker, the same transform and loop): what the '

@@ -21,9 +21,10 @@ from jaxdist.sync.bucketing import BucketedState, bucketed_allreduce
 from jaxdist.sync.chunked import ChunkedState, chunked_allgather
 from jaxdist.sync.clip import local_clip
 from jaxdist.sync.compressed import CompressedState, compressed_allreduce
+from jaxdist.sync.deferred import DeferredExchange
 from jaxdist.sync.delay_tolerant import DelayedState, cd_sgd, od_sgd, ssd_sgd
 from jaxdist.sync.demo import DeMoState, demo
-from jaxdist.sync.diloco import DiLoCoState, diloco
+from jaxdist.sync.diloco import DiLoCoState, EagerDiLoCoState, diloco, diloco_exchange
 from jaxdist.sync.finite import SkipNonfiniteState, all_finite, skip_nonfinite
 from jaxdist.sync.gossip import GossipState, gossip, mixing_matrix
 from jaxdist.sync.hitopk import HiTopKState, hitopk_allreduce
@@ -47,7 +48,6 @@ from jaxdist.sync.sparseloco import sparseloco
 from jaxdist.sync.stale import StaleState, async_sgd, ssp, stale_sync
 from jaxdist.sync.streaming_diloco import (
   StreamingDiLoCoState,
-  StreamingExchange,
   streaming_diloco,
   streaming_exchange,
 )
@@ -62,8 +62,10 @@ __all__ = [
   'ChunkedState',
   'CompressedState',
   'DeMoState',
+  'DeferredExchange',
   'DelayedState',
   'DiLoCoState',
+  'EagerDiLoCoState',
   'GossipState',
   'GradientDelayState',
   'HiTopKState',
@@ -78,7 +80,6 @@ __all__ = [
   'SpikeState',
   'StaleState',
   'StreamingDiLoCoState',
-  'StreamingExchange',
   'TickTockState',
   'WeightedState',
   'ZeroOneAdamState',
@@ -93,6 +94,7 @@ __all__ = [
   'compressed_allreduce',
   'demo',
   'diloco',
+  'diloco_exchange',
   'fragment_labels',
   'gossip',
   'gradient_delay',

@@ -1,15 +1,22 @@
-"""DiLoCo: local inner steps, then an outer optimizer step on the averaged pseudo-gradient."""
+"""DiLoCo: local inner steps, then an outer optimizer step on the averaged pseudo-gradient.
+
+With `eager=True`, Kale et al.'s eager updates: the average of a round's
+pseudo-gradients arrives one round late, and each worker's outer step mixes
+it with its own fresh pseudo-gradient (`EagerDiLoCoState`).
+"""
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 from jax import lax
 
 from jaxdist import comm
 from jaxdist.sync import _averaging, _checks
+from jaxdist.sync.deferred import DeferredExchange, check_exchange
 
 
 class DiLoCoState(NamedTuple):
@@ -38,12 +45,45 @@ class DiLoCoState(NamedTuple):
   just_synced: jax.Array
 
 
+class EagerDiLoCoState(NamedTuple):
+  """State of `diloco(eager=True)`.
+
+  Attributes:
+    count: inner steps so far. Replicated.
+    synced: outer steps so far. Replicated.
+    anchor: this worker's outer parameters θ_m (the workers' differ by their
+      own share of the last pseudo-gradient, see `diloco`). Per-worker.
+    outer_state: this worker's outer optimizer state. Per-worker.
+    wire: the dense all-reduce of the pseudo-gradient. Per-worker.
+    pending: the average Δ̄ of the last outer step's pseudo-gradients, which
+      the next outer step uses (zeros before the first). With
+      `exchange='deferred'`, from the step that sends until the average
+      arrives, this worker's own Δ_m. Replicated.
+    mine: this worker's pseudo-gradient Δ_m of the last outer step (zeros
+      before the first). Per-worker.
+    just_synced: whether the last update was an outer step. Replicated.
+  """
+
+  SYNCED_MODEL = ('anchor', 'just_synced')  # what `jd.sync.apply_updates` puts in
+
+  count: jax.Array
+  synced: jax.Array
+  anchor: Any
+  outer_state: Any
+  wire: tuple
+  pending: Any
+  mine: Any
+  just_synced: jax.Array
+
+
 def diloco(
   outer_optimizer: optax.GradientTransformation | None = None,
   period: int = 500,
   *,
   axis_name: comm.AxisName,
   averager: optax.GradientTransformation | None = None,
+  eager: bool = False,
+  exchange: str = 'inline',
 ) -> optax.GradientTransformation:
   """DiLoCo: local inner steps, then an outer step on the averaged pseudo-gradient.
 
@@ -69,6 +109,28 @@ def diloco(
     averager: a transform that averages the pseudo-gradient over `axis_name`
       (e.g. `compressed_allreduce(topk(0.01), axis_name=...)`, error
       feedback included); None is one dense all-reduce.
+    eager: Kale et al.'s eager updates (below); the state is then an
+      `EagerDiLoCoState`.
+    exchange: with `eager`, 'inline' (the step averages) or 'deferred' (the
+      step keeps Δ_m in `pending` and sends nothing; `diloco_exchange` says
+      how to average it outside the step, before the next outer step).
+
+  With `eager`, the average of round r's pseudo-gradients is not waited for:
+  worker m's outer step at the end of round r takes
+
+    Δ̃_m^r = Δ̄^{r−1} + (Δ_m^r − Δ_m^{r−1}) / N = (Δ_m^r + Σ_{n≠m} Δ_n^{r−1}) / N
+
+  (its own fresh pseudo-gradient, the others' from the round before, whose
+  average Δ̄^{r−1} arrived meanwhile), from its own outer parameters and
+  optimizer state, with Δ_m^r = θ_m^{r−1} − w_m. The all-reduce of Δ^r
+  feeds only the state: it may run beside the next round's H steps. The
+  workers' outer parameters differ by their own shares; with outer SGD,
+  θ_m^r is the one-round-delayed DiLoCo's θ^r less lr·Δ_m^r / N (the
+  difference does not grow). One worker is DiLoCo. Readings where the paper
+  (whose method section we could not read; the rule is from its summaries
+  and tables) is silent: before the first outer step Δ̄^0 = Δ_m^0 = 0, so
+  the first takes Δ_m^1 / N; the outer state is per worker; the averager is
+  one dense all-reduce.
 
   Returns:
     An `optax.GradientTransformation`; put it after the inner optimizer.
@@ -86,10 +148,17 @@ def diloco(
   References:
     Douillard et al. DiLoCo: Distributed Low-Communication Training of
     Language Models. 2023. https://arxiv.org/abs/2311.08105
+    Kale, Douillard, Donchev. Eager Updates For Overlapped Communication and
+    Computation in DiLoCo. 2025. https://arxiv.org/abs/2502.12996
   """
   _averaging.check_period(period)
   _averaging.check_averager(averager)
   outer = outer_optimizer or optax.sgd(0.7, momentum=0.9, nesterov=True)
+  deferred = check_exchange(exchange, eager, averager, 'eager=True')
+  if eager:
+    if averager is not None:
+      raise ValueError('diloco(eager=True) averages with one dense all-reduce; pass averager=None')
+    return _eager(outer, period, axis_name, deferred)
 
   sync, skip = _outer_step(outer, _averaging.mean_fn(averager, axis_name))
 
@@ -107,6 +176,81 @@ def diloco(
     return updates, DiLoCoState(count, synced, anchor, outer_state, avg_state, wire, due)
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _eager(outer: optax.GradientTransformation, period: int, axis_name, deferred: bool):
+  """`diloco(eager=True)`'s transform (see `diloco`)."""
+
+  def init_fn(params):
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    wire = comm.overlapped(_averaging.dense_wire(params, None))
+    count = jnp.zeros([], jnp.int32)
+    no = jnp.zeros([], jnp.bool_)
+    return EagerDiLoCoState(count, count, params, outer.init(params), wire, zeros, zeros, no)
+
+  def sync(params, updates, anchor, outer_state, wire, pending, mine):
+    fresh = optax.tree.sub(anchor, optax.apply_updates(params, updates))  # Δ_m^r
+    if deferred:  # `diloco_exchange`'s average, outside the step
+      sent, wire = fresh, tuple(comm.ran(w, 1) for w in wire)
+    else:
+      sent, transfer = comm.pmean(fresh, axis_name)
+      wire = comm.overlapped((comm.ran(transfer, 1),))
+    n = comm.axis_size(axis_name)
+    mixed = jax.tree.map(lambda avg, new, old: avg + (new - old) / n, pending, fresh, mine)
+    anchor, outer_state = outer_step(outer, mixed, outer_state, anchor)
+    return optax.tree.sub(anchor, params), anchor, outer_state, wire, sent, fresh
+
+  def skip(params, updates, anchor, outer_state, wire, pending, mine):
+    del params
+    return updates, anchor, outer_state, comm.silence(wire), pending, mine
+
+  def update_fn(updates, state, params=None):
+    _checks.needs_params('diloco', params)
+    due = comm.agree((state.count + 1) % period == 0, axis_name)
+    args = (params, updates, state.anchor, state.outer_state, state.wire, state.pending, state.mine)
+    updates, anchor, outer_state, wire, pending, mine = lax.cond(due, sync, skip, *args)
+    count, synced = _averaging.counted(state, due)
+    fields = (count, synced, anchor, outer_state, wire, pending, mine, due)
+    return updates, EagerDiLoCoState(*fields)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def diloco_exchange(
+  outer_optimizer: optax.GradientTransformation | None = None,
+  period: int = 500,
+  *,
+  axis_name: comm.AxisName,
+  averager: optax.GradientTransformation | None = None,
+  eager: bool = True,
+  exchange: str = 'deferred',
+) -> DeferredExchange:
+  """How to finish the steps of `diloco(..., eager=True, exchange='deferred')`.
+
+  Pass the arguments the transform was made with. After each outer step
+  (`sent`), `average` takes the mean over the workers of the pseudo-gradient
+  the step left in `pending`; it is needed at the next outer step
+  (`applied`, H steps later, which reads it): the exchange may run beside
+  the H − 1 steps between.
+
+  Args:
+    outer_optimizer: as `diloco`'s.
+    period: as `diloco`'s.
+    axis_name: as `diloco`'s.
+    averager: as `diloco`'s (None).
+    eager: True.
+    exchange: 'deferred'.
+
+  Returns:
+    A `DeferredExchange`.
+  """
+  del outer_optimizer  # the outer step is the step's own
+  _averaging.check_period(period)
+  if not check_exchange(exchange, eager, averager, 'eager=True'):
+    raise ValueError("diloco_exchange finishes exchange='deferred' steps; got 'inline'")
+  outer_due = lambda count: 0 if (count + 1) % period == 0 else None
+  average = lambda p, pending: comm.pmean(pending, axis_name)[0]
+  return DeferredExchange(EagerDiLoCoState, outer_due, average, outer_due)
 
 
 def outer_step(

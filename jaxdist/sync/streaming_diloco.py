@@ -12,7 +12,6 @@ then blends its local fragment with the new anchor.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -23,9 +22,8 @@ from jax import lax
 from jaxdist import comm
 from jaxdist.sync import _averaging, _checks
 from jaxdist.sync._fragments import Cut, Layout, check_layout
+from jaxdist.sync.deferred import DeferredExchange, check_exchange
 from jaxdist.sync.diloco import outer_step
-
-EXCHANGES = ('inline', 'deferred')
 
 
 class StreamingDiLoCoState(NamedTuple):
@@ -172,7 +170,8 @@ def streaming_diloco(
   _averaging.check_period(period)
   _averaging.check_averager(averager)
   every = _check_schedule(period, fragments, delay, alpha)
-  deferred = _check_exchange(exchange, delay, averager)
+  deferred = check_exchange(exchange, _checks.concrete(delay) and delay >= 1, averager,
+                            'delay >= 1')  # fmt: skip
   check_layout(layout)
   outer = outer_optimizer or optax.sgd(0.7, momentum=0.9, nesterov=True)
   mean = _averaging.mean_fn(averager, axis_name)
@@ -236,22 +235,6 @@ def streaming_diloco(
     return updates, StreamingDiLoCoState(*fields)
 
   return optax.GradientTransformation(init_fn, update_fn)
-
-
-def _check_exchange(exchange: str, delay: int, averager: Any) -> bool:
-  """Checks `exchange` against the delay and averager; whether it is 'deferred'."""
-  if exchange not in EXCHANGES:
-    raise ValueError(f'exchange must be one of {EXCHANGES}, got {exchange!r}')
-  if exchange == 'deferred' and not (_checks.concrete(delay) and delay >= 1):
-    raise ValueError(
-      f"exchange='deferred' needs delay >= 1 (steps for the exchange to run beside), got {delay}"
-    )
-  if exchange == 'deferred' and averager is not None:
-    raise ValueError(
-      "exchange='deferred' averages each fragment with one dense all-reduce; pass averager=None "
-      "or use exchange='inline'"
-    )
-  return exchange == 'deferred'
 
 
 def _check_schedule(period: int, fragments: int, delay: int, alpha: float) -> int:
@@ -343,52 +326,6 @@ def _taker(cut: Cut, outer: optax.GradientTransformation, alpha: float):
   return take
 
 
-class StreamingExchange(NamedTuple):
-  """The exchange of `streaming_diloco(exchange='deferred')`, as programs of its own.
-
-  Both functions run per worker under the worker axes (`shard_map` over the
-  devices × `vmap` over a device's workers, as the step), on one worker's
-  values. With `count` the transform's step count before a step (the
-  state's `count`, which is the loop's step in a run from scratch):
-
-  - after the step at `count` where `sent(count)` = p (not None), run
-    `average(p, pending)` on that step's `pending`: fragment p's mean over
-    the workers (one dense all-reduce of its bytes). It may run beside the
-    next steps: nothing reads `pending` until the merge. Give those steps
-    `pending` of the same shapes (e.g. zeros), not the buffers it reads.
-  - after the step at `count` where `applied(count)` = p, put the average's
-    result into the state's `pending` (`state._replace(pending=...)`) and
-    run `merge(p, params, state)`: the outer step of fragment p and its
-    blend, which the inline step does inside that step.
-
-  With that done, the models and states are the inline run's (see
-  `streaming_diloco`); a checkpoint taken between the two must hold the
-  average in `pending`, as the inline state does.
-
-  Attributes:
-    every: H/P, the steps between two outer steps.
-    delay: τ, the steps between a fragment's send and its merge.
-    average: (p, pending) -> `pending` with fragment p averaged over the workers.
-    merge: (p, params, state) -> (params, state) after fragment p's outer step.
-  """
-
-  every: int
-  delay: int
-  fragments: int
-  average: Callable[[int, Any], Any]
-  merge: Callable[[int, Any, StreamingDiLoCoState], tuple[Any, StreamingDiLoCoState]]
-
-  def sent(self, count: int) -> int | None:
-    """The fragment whose pseudo-gradient the step at `count` takes (None: none)."""
-    due = count + 1 + self.delay
-    return (due // self.every - 1) % self.fragments if due % self.every == 0 else None
-
-  def applied(self, count: int) -> int | None:
-    """The fragment whose average is applied after the step at `count` (None: none)."""
-    due = count + 1
-    return (due // self.every - 1) % self.fragments if due % self.every == 0 else None
-
-
 def streaming_exchange(
   outer_optimizer: optax.GradientTransformation | None = None,
   period: int = 500,
@@ -400,11 +337,15 @@ def streaming_exchange(
   layout: Layout = 'sequential',
   averager: optax.GradientTransformation | None = None,
   exchange: str = 'deferred',
-) -> StreamingExchange:
-  """The programs that finish `streaming_diloco(..., exchange='deferred')`'s steps.
+) -> DeferredExchange:
+  """How to finish the steps of `streaming_diloco(..., exchange='deferred')`.
 
   Pass the arguments the transform was made with (`exchange` must be
-  'deferred'); `StreamingExchange` says when to run which.
+  'deferred'). After the step that takes fragment p's pseudo-gradient
+  (`sent` gives p), `average` takes its mean over the workers; after the
+  step due to apply it, τ steps later (`applied`), `merge` takes fragment
+  p's outer step and blend, which the inline step takes inside itself: the
+  exchange may run beside those τ steps.
 
   Args:
     outer_optimizer: as `streaming_diloco`'s.
@@ -418,11 +359,11 @@ def streaming_exchange(
     exchange: 'deferred'.
 
   Returns:
-    A `StreamingExchange`.
+    A `DeferredExchange`.
   """
   _averaging.check_averager(averager)
   every = _check_schedule(period, fragments, delay, alpha)
-  if not _check_exchange(exchange, delay, averager):
+  if not check_exchange(exchange, _checks.concrete(delay) and delay >= 1, averager, 'delay >= 1'):
     raise ValueError("streaming_exchange finishes exchange='deferred' steps; got 'inline'")
   check_layout(layout)
   outer = outer_optimizer or optax.sgd(0.7, momentum=0.9, nesterov=True)
@@ -441,7 +382,12 @@ def streaming_exchange(
     state = state._replace(anchor=anchor, outer_state=outer_states, just_synced=just)
     return cut.merge(params, new, p), state
 
-  return StreamingExchange(every, delay, fragments, average, merge)
+  def due(steps):  # the fragment whose schedule comes round after `steps` steps (None: none)
+    return (steps // every - 1) % fragments if steps % every == 0 else None
+
+  sent = lambda count: due(count + 1 + delay)
+  applied = lambda count: due(count + 1)
+  return DeferredExchange(StreamingDiLoCoState, sent, average, applied, merge)
 
 
 def _at(items: tuple, p: int, value: Any) -> tuple:

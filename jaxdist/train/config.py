@@ -91,11 +91,11 @@ def _compressed_allreduce() -> dict[str, Any]:
 
 def _diloco_family(s: ml_collections.ConfigDict) -> None:
   """The sections of DiLoCo and its descendants in `config.sync` (`sync` stays short)."""
+  # eager: Kale et al.'s eager updates; exchange: inline | deferred (eager only: on its own thread)
   s.diloco = dict(
-    period=4,
+    period=4, averager='', eager=False, exchange='inline',
     outer_optimizer=optimizer('sgd', 0.7, momentum=0.9, nesterov=True),  # schedule: outer steps
-    averager='',
-  )
+  )  # fmt: skip
   # Streaming DiLoCo: `fragments` fragments, each synchronised every `period` steps, staggered
   # by period/fragments; the average arrives `delay` steps later (< period/fragments) and is
   # blended with the local fragment by `alpha` (weight on the local value); layout:

@@ -298,7 +298,13 @@ METHODS: Mapping[str, Method] = {
   ),
   'diloco': Method(
     sync.diloco, 'after', wait=periodic, model=MEAN,
-    states={sync.DiLoCoState: {**_SYNCED, 'outer_state': REPLICATED}},
+    states={
+      sync.DiLoCoState: {**_SYNCED, 'outer_state': REPLICATED},
+      # eager: each worker's outer model, state and share; the average in flight
+      sync.EagerDiLoCoState: {
+        **_SYNCED, 'anchor': MEAN, 'outer_state': MEAN, 'pending': REPLICATED, 'mine': MEAN,
+      },
+    },
   ),
   # fragments on a staggered schedule; `pending` (delay >= 2) is the averaged pseudo-gradient
   'streaming_diloco': Method(

@@ -1,16 +1,17 @@
-"""Executed overlap: Streaming DiLoCo's outer all-reduce on its own thread, beside the steps.
+"""Executed overlap: the DiLoCo family's outer all-reduce on its own thread, beside the steps.
 
-With `config.sync.streaming_diloco.exchange = 'deferred'` the train step
-keeps a fragment's pseudo-gradient in the state and sends nothing
-(`jd.sync.streaming_diloco`); `Overlap` runs the rest of the exchange
-(`jd.sync.streaming_exchange`) as two programs of their own:
+With `exchange: deferred` (Streaming DiLoCo, and DiLoCo with eager updates)
+the train step keeps each worker's pseudo-gradient in the state and sends
+nothing; `Overlap` runs the rest of the exchange (a `jd.sync.DeferredExchange`)
+as programs of their own:
 
-- after the step that takes a fragment's pseudo-gradient, the fragment's
-  all-reduce (`average`), dispatched and waited for on a thread of its own;
-  the next steps get a zeroed `pending` in its place, so no step donates
-  the buffer the all-reduce reads;
-- after the step due to apply it, τ steps later, its result goes into the
-  state's `pending` and `merge` takes the fragment's outer step and blend.
+- after the step that sends, the all-reduce (`average`), dispatched and
+  waited for on a thread of its own; the next steps get a zeroed `pending`
+  in its place, so no step donates the buffer the all-reduce reads;
+- when the average is due (Streaming DiLoCo: after the step τ later, which
+  then takes the fragment's outer step in `merge`; eager DiLoCo: before the
+  next outer step, H steps later, which reads it), its result goes into the
+  state's `pending`.
 
 Why a thread: a CPU program dispatched from one Python thread waits for the
 last one that thread dispatched, so the steps and an all-reduce dispatched
@@ -51,12 +52,13 @@ class Overlap:
   """Runs a deferred exchange's programs around the train steps (see the module docstring).
 
   Args:
-    exchange: the programs (`jd.sync.streaming_exchange`), or None: nothing to
-      do (every method then behaves as before).
+    exchange: the transform's deferred exchange (`jd.sync.streaming_exchange`,
+      `jd.sync.diloco_exchange`), or None: nothing to do (every method then
+      behaves as before).
     workers: the worker layout of the train state.
   """
 
-  def __init__(self, exchange: sync.StreamingExchange | None, workers: Workers):
+  def __init__(self, exchange: sync.DeferredExchange | None, workers: Workers):
     self.exchange, self.workers = exchange, workers
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='jaxdist-exchange')
     self._inflight: concurrent.futures.Future | None = None
@@ -77,18 +79,21 @@ class Overlap:
     """
     if self.exchange is None:
       return state
+    ex = self.exchange
     if self._offset is None:  # read once: a warm start's transform counts from its own 0
-      count = _found(state.opt_state).count
+      count = self._found(state.opt_state).count
       self._offset = int(np.asarray(count.addressable_shards[0].data).ravel()[0]) - (t + 1)
     count = self._offset + t
-    if (p := self.exchange.applied(count)) is not None:
+    if ex.merge is not None and (p := ex.applied(count)) is not None:
       state = self.settle(state)
       state = self._program(self._merge, p, self._merge_fn)(state)
-    if (p := self.exchange.sent(count)) is not None:
-      pending = _found(state.opt_state).pending
+    if (p := ex.sent(count)) is not None:
+      pending = self._found(state.opt_state).pending
       average = self._program(self._average, p, self._average_fn)
       self._inflight = self._pool.submit(lambda: jax.block_until_ready(average(pending)))
-      state = _with_pending(state, self._zeroed(pending)())
+      state = self._with_pending(state, self._zeroed(pending)())
+    if ex.merge is None and ex.applied(count + 1) is not None:  # the next step reads it
+      state = self.settle(state)
     return state
 
   def settle(self, state) -> Any:
@@ -103,7 +108,7 @@ class Overlap:
     if self._inflight is None:
       return state
     mean, self._inflight = self._inflight.result(), None
-    return _with_pending(state, mean)
+    return self._with_pending(state, mean)
 
   def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
     """Runs `fn` (a collective between processes) where the exchange runs, after it.
@@ -154,8 +159,8 @@ class Overlap:
 
   def _merge_fn(self, p: int) -> Callable:
     def merge(params, opt_state):
-      params, found = self.exchange.merge(p, params, _found(opt_state))
-      return params, _replaced(opt_state, found)
+      params, found = self.exchange.merge(p, params, self._found(opt_state))
+      return params, self._replaced(opt_state, found)
 
     mapped = jax.jit(self.workers.map(merge, (0, 0)), donate_argnums=(0, 1))
 
@@ -165,33 +170,30 @@ class Overlap:
 
     return run
 
+  def _is_state(self, x) -> bool:
+    return isinstance(x, self.exchange.state)
+
+  def _found(self, opt_state):
+    """The one state of the exchange's transform in `opt_state`."""
+    found = [x for x in jax.tree.leaves(opt_state, is_leaf=self._is_state) if self._is_state(x)]
+    if len(found) != 1:
+      name = self.exchange.state.__name__
+      raise ValueError(f'a deferred exchange needs one {name} in the chain, found {len(found)}')
+    return found[0]
+
+  def _replaced(self, opt_state, new):
+    """`opt_state` with its state of the exchange's transform replaced by `new`."""
+    return jax.tree.map(lambda x: new if self._is_state(x) else x, opt_state,
+                        is_leaf=self._is_state)  # fmt: skip
+
+  def _with_pending(self, state, pending):
+    """The `TrainState` `state` with its transform state's `pending` replaced."""
+    found = self._found(state.opt_state)._replace(pending=pending)
+    return state._replace(opt_state=self._replaced(state.opt_state, found))
+
   def _zeroed(self, pending) -> Callable:
     if self._zeros is None:
       shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), pending)
       zeros = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
       self._zeros = jax.jit(zeros, out_shardings=self.workers.sharding)
     return self._zeros
-
-
-_IS_STATE = lambda x: isinstance(x, sync.StreamingDiLoCoState)
-
-
-def _found(opt_state) -> sync.StreamingDiLoCoState:
-  """The one `StreamingDiLoCoState` in `opt_state`."""
-  found = [x for x in jax.tree.leaves(opt_state, is_leaf=_IS_STATE) if _IS_STATE(x)]
-  if len(found) != 1:
-    raise ValueError(
-      f'a deferred exchange needs one streaming_diloco in the chain, found {len(found)}'
-    )
-  return found[0]
-
-
-def _replaced(opt_state, new: sync.StreamingDiLoCoState):
-  """`opt_state` with its `StreamingDiLoCoState` replaced by `new`."""
-  return jax.tree.map(lambda x: new if _IS_STATE(x) else x, opt_state, is_leaf=_IS_STATE)
-
-
-def _with_pending(state, pending):
-  """The `TrainState` `state` with its streaming state's `pending` replaced."""
-  found = _found(state.opt_state)
-  return state._replace(opt_state=_replaced(state.opt_state, found._replace(pending=pending)))

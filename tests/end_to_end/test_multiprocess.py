@@ -50,15 +50,23 @@ MULTI = {
   'digits': ([], 4),
   'lm_streaming_diloco': ([DEFERRED], 4),
   'lm_streaming_overlapped': ([DEFERRED], 1),
+  'lm_eager_overlapped': (['--config.sync.diloco.exchange=deferred'], 1),
 }
 CASES['lm_streaming_overlapped'] = CASES['lm_streaming_diloco']
+CASES['lm_eager_overlapped'] = [
+  *CASES['lm_streaming_diloco'][:2],
+  '--config.sync.method=diloco',
+  '--config.sync.diloco.period=3',
+  '--config.sync.diloco.eager=True',
+]
+EXTENDED = ('lm_streaming_overlapped', 'lm_eager_overlapped')
 
 
 @pytest.mark.parametrize(
   'case',
   [
-    *sorted(set(CASES) - {'lm_streaming_overlapped'}),
-    pytest.param('lm_streaming_overlapped', marks=pytest.mark.extended),
+    *sorted(set(CASES) - set(EXTENDED)),
+    *(pytest.param(case, marks=pytest.mark.extended) for case in EXTENDED),
   ],
 )
 def test_two_processes_match_one(tmp_path, data_dir, case):

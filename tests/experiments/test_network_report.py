@@ -54,9 +54,12 @@ def test_hidden_is_the_share_of_the_exchange_the_training_step_does_not_pay():
   free = (_records([21, 23, 22], [3, 3, 3], 'k'), 'k')
   train = lambda ms: [{'step_s': s / 1e3} for s in ms]
   row = network_report.exchange_row(2, 'x', 'l', limited, free, (train([105, 103]), train([100])))
-  assert row['hidden'] == '0.60'
+  assert (row['hidden'], row['step_ratio']) == ('0.60', '1.040')
+  assert row['overlap'] == '≥ 0.90 hidden, ≤ 1.1x: not'
   row = network_report.exchange_row(2, 'x', 'l', limited, free, (train([110]), train([100])))
   assert row['hidden'] == '0.00'
+  row = network_report.exchange_row(2, 'x', 'l', limited, free, (train([101, 100]), train([100])))
+  assert (row['hidden'], row['overlap']) == ('0.95', '≥ 0.90 hidden, ≤ 1.1x: holds')
   assert network_report.exchange_row(2, 'x', 'l', limited, free)['hidden'] == '-'
   row = network_report.exchange_row(2, 'x', 'l', free, free, (train([110]), train([100])))
   assert row['hidden'] == '-'

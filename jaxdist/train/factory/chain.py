@@ -224,26 +224,30 @@ def sync_transform(
   return call(make, where, section, **supplied)
 
 
-def deferred_exchange(config, workers: runtime.Workers) -> sync.StreamingExchange | None:
-  """Streaming DiLoCo's exchange run beside the steps (`exchange: deferred`), or None.
+EXCHANGES = {'streaming_diloco': sync.streaming_exchange, 'diloco': sync.diloco_exchange}
+
+
+def deferred_exchange(config, workers: runtime.Workers) -> sync.DeferredExchange | None:
+  """The method's exchange, run beside the steps (`exchange: deferred`), or None.
 
   Args:
     config: the run's config.
     workers: the worker layout.
 
   Returns:
-    `jd.sync.streaming_exchange` of the method's section, or None.
+    `jd.sync.streaming_exchange` or `jd.sync.diloco_exchange` of the method's
+    section, or None.
   """
   method = config.sync.method
-  if method != 'streaming_diloco' or config.sync[method].get('exchange') != 'deferred':
+  if method not in EXCHANGES or config.sync[method].get('exchange') != 'deferred':
     return None
   platform = workers.mesh.devices.flat[0].platform
   if per_worker(config, workers.per_device, platform) == 'device':
     raise ValueError(
-      "config.sync.streaming_diloco.exchange='deferred' runs on a model per worker; "
+      f"config.sync.{method}.exchange='deferred' runs on a model per worker; "
       "set config.sync.per_worker to 'auto' or 'vmap', or exchange to 'inline'"
     )
-  return sync_transform(config, workers, None, make=sync.streaming_exchange)
+  return sync_transform(config, workers, None, make=EXCHANGES[method])
 
 
 COMPENSATIONS = ('spike_compensation', 'linear_weight_prediction')
