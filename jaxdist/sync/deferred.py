@@ -48,6 +48,8 @@ class DeferredExchange(NamedTuple):
     applied: count -> what the step at `count` applies (None: nothing).
     merge: (p, params, state) -> (params, state) after the step that applies p,
       or None.
+    keys: every p that `sent` and `applied` may give (a loop compiles a program
+      for each before it starts).
   """
 
   state: type
@@ -55,6 +57,7 @@ class DeferredExchange(NamedTuple):
   average: Callable[[Any, Any], Any]
   applied: Callable[[int], Hashable | None]
   merge: Callable[[Any, Any, Any], tuple[Any, Any]] | None = None
+  keys: tuple = (0,)
 
 
 def check_exchange(exchange: str, delay_ok: bool, averager: Any, needs: str) -> bool:

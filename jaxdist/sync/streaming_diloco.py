@@ -209,7 +209,7 @@ def streaming_diloco(
       del base, anchor
       return pending, comm.silence(avg_states), comm.silence(wires)
 
-    branches = [idle, *map(send, range(fragments))]
+    branches = [idle, *map(send, tuple(range(fragments)))]
     args = (base, state.anchor, pending, state.averager, state.wire)
     pending, avg_states, wires = lax.switch(start, branches, *args)
 
@@ -225,7 +225,7 @@ def streaming_diloco(
     # with delay >= 1 no step both sends and applies (delay < period/fragments): the average
     # applied is the one in the state, and this step's collective feeds only the state returned
     arrived = state.pending if delay else pending
-    branches = [keep, *map(take, range(fragments))]
+    branches = [keep, *map(take, tuple(range(fragments)))]
     args = (params, updates, state.anchor, state.outer_state, arrived)
     updates, anchor, outer_states = lax.switch(apply, branches, *args)
     count, synced = _averaging.counted(state, due)
@@ -387,7 +387,9 @@ def streaming_exchange(
 
   sent = lambda count: due(count + 1 + delay)
   applied = lambda count: due(count + 1)
-  return DeferredExchange(StreamingDiLoCoState, sent, average, applied, merge)
+  return DeferredExchange(
+    StreamingDiLoCoState, sent, average, applied, merge, tuple(range(fragments))
+  )
 
 
 def _at(items: tuple, p: int, value: Any) -> tuple:

@@ -56,16 +56,33 @@ class Overlap:
       `jd.sync.diloco_exchange`), or None: nothing to do (every method then
       behaves as before).
     workers: the worker layout of the train state.
+    state: the `TrainState` the loop starts from: the programs are compiled
+      for its shapes and shardings here, before the loop's clock starts.
   """
 
-  def __init__(self, exchange: sync.DeferredExchange | None, workers: Workers):
+  def __init__(self, exchange: sync.DeferredExchange | None, workers: Workers, state):
     self.exchange, self.workers = exchange, workers
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='jaxdist-exchange')
     self._inflight: concurrent.futures.Future | None = None
     self._offset: int | None = None  # the transform's count minus the loop's step
-    self._average: dict[int, Callable] = {}
-    self._merge: dict[int, Callable] = {}
+    self._average: dict[Any, Callable] = {}
+    self._merge: dict[Any, Callable] = {}
     self._zeros: Callable | None = None
+    if exchange is not None:
+      self._compile(state)
+
+  def _compile(self, state) -> None:
+    """Compiles the exchange's programs for states like `state`, before the clock starts."""
+    ex = self.exchange
+    pending = self._found(state.opt_state).pending
+    for p in ex.keys:
+      average = lambda x, p=p: ex.average(p, x)
+      self._average[p] = jax.jit(self.workers.map(average, (0,))).lower(pending).compile()
+      if ex.merge is not None:
+        self._merge[p] = self._merge_fn(p, state)
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), pending)
+    zeros = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    self._zeros = jax.jit(zeros, out_shardings=self.workers.sharding).lower().compile()
 
   def after(self, t: int, state) -> Any:
     """The state after the loop's step `t`, with the exchange's programs due after it run.
@@ -77,21 +94,19 @@ class Overlap:
     Returns:
       The state the next step takes.
     """
-    if self.exchange is None:
-      return state
     ex = self.exchange
+    if ex is None:
+      return state
     if self._offset is None:  # read once: a warm start's transform counts from its own 0
       count = self._found(state.opt_state).count
       self._offset = int(np.asarray(count.addressable_shards[0].data).ravel()[0]) - (t + 1)
     count = self._offset + t
     if ex.merge is not None and (p := ex.applied(count)) is not None:
-      state = self.settle(state)
-      state = self._program(self._merge, p, self._merge_fn)(state)
+      state = self._merge[p](self.settle(state))
     if (p := ex.sent(count)) is not None:
-      pending = self._found(state.opt_state).pending
-      average = self._program(self._average, p, self._average_fn)
+      pending, average = self._found(state.opt_state).pending, self._average[p]
       self._inflight = self._pool.submit(lambda: jax.block_until_ready(average(pending)))
-      state = self._with_pending(state, self._zeroed(pending)())
+      state = self._with_pending(state, self._zeros())
     if ex.merge is None and ex.applied(count + 1) is not None:  # the next step reads it
       state = self.settle(state)
     return state
@@ -148,24 +163,16 @@ class Overlap:
     """Waits for what runs on the thread, and ends it."""
     self._pool.shutdown(wait=True)
 
-  def _program(self, cache: dict[int, Callable], p: int, make: Callable[[int], Callable]):
-    if p not in cache:
-      cache[p] = make(p)
-    return cache[p]
-
-  def _average_fn(self, p: int) -> Callable:
-    average = lambda pending: self.exchange.average(p, pending)
-    return jax.jit(self.workers.map(average, (0,)))
-
-  def _merge_fn(self, p: int) -> Callable:
+  def _merge_fn(self, p: Any, state) -> Callable:
     def merge(params, opt_state):
       params, found = self.exchange.merge(p, params, self._found(opt_state))
       return params, self._replaced(opt_state, found)
 
     mapped = jax.jit(self.workers.map(merge, (0, 0)), donate_argnums=(0, 1))
+    compiled = mapped.lower(state.params, state.opt_state).compile()
 
     def run(state):
-      params, opt_state = mapped(state.params, state.opt_state)
+      params, opt_state = compiled(state.params, state.opt_state)
       return state._replace(params=params, opt_state=opt_state)
 
     return run
@@ -190,10 +197,3 @@ class Overlap:
     """The `TrainState` `state` with its transform state's `pending` replaced."""
     found = self._found(state.opt_state)._replace(pending=pending)
     return state._replace(opt_state=self._replaced(state.opt_state, found))
-
-  def _zeroed(self, pending) -> Callable:
-    if self._zeros is None:
-      shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), pending)
-      zeros = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-      self._zeros = jax.jit(zeros, out_shardings=self.workers.sharding)
-    return self._zeros

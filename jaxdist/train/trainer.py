@@ -126,7 +126,7 @@ def train(
     host = Host(exp, compute_s, prices, clock, calibrate.candidate_step_s(exp, meta, state))
     host.restore(control_state)
     writer = metrics.MetricsWriter(exp.workdir, start, enabled=lead)
-    exchange = overlap.Overlap(exp.exchange, workers)  # a deferred exchange's own programs
+    exchange = overlap.Overlap(exp.exchange, workers, state)  # a deferred exchange's programs
     log = StepLog(writer, prices, exp.schedule, bar.show, host.observe, host.compute_at,
                   PerWorkerFetch(workers, train_step.runs, exchange.submit))  # fmt: skip
 
