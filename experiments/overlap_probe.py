@@ -11,7 +11,11 @@ chained steps of matrix products). Timed, medians of `--repeats`:
 - same thread: the exchange dispatched (not waited for), then the steps, from
   one Python thread;
 - own thread: the exchange dispatched and waited for on a second Python thread
-  while the first dispatches the steps.
+  while the first dispatches the steps;
+- one program: the steps (a loop) and the exchange, independent of each
+  other, in one program, so that only the runtime's scheduler of that
+  program (on the CPU, XLA's thunk executor) can run them at once: a
+  bucket's all-reduce beside the rest of backward needs that.
 
 hidden = 1 - (both - compute) / exchange, the fraction of the exchange that
 did not add to the steps' time (1 where the steps take longer than the
@@ -65,6 +69,8 @@ def worker(coordinator: str, pid: int) -> None:
     return m
 
   step = per_worker(body)
+  steps_in_loop = lambda m: jax.lax.fori_loop(0, FLAGS.steps, lambda _, m: body(m), m)
+  one_program = per_worker(lambda m, a: (steps_in_loop(m), jax.lax.psum(a, 'w')))
 
   def steps():
     m = m0
@@ -85,6 +91,7 @@ def worker(coordinator: str, pid: int) -> None:
     'serial': lambda: (jax.block_until_ready(exchange(x)), steps()),
     'same thread': lambda: (exchange(x), steps()),
     'own thread': own_thread,
+    'one program': lambda: one_program(m0, x),
   }
   for f in cases.values():  # compile and warm
     jax.block_until_ready(f())
@@ -97,7 +104,8 @@ def worker(coordinator: str, pid: int) -> None:
   if pid == 0:
     ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     hidden = {
-      k: 1 - (ms[k] - ms['compute']) / ms['exchange'] for k in ('same thread', 'own thread')
+      k: 1 - (ms[k] - ms['compute']) / ms['exchange']
+      for k in ('same thread', 'own thread', 'one program')
     }
     print(
       f'rate {FLAGS.rate} Mbit/s, {d} device(s) a process, {FLAGS.floats:,} floats, '

@@ -17,7 +17,7 @@ less than one inner step here. The two variants are the same algorithm
 
 from jaxdist.train.config import method
 
-SETTINGS = {'eval_every': 100, 'optimizer.lr_scale': 0.3}  # lm.py's inner AdamW rate
+SETTINGS = {'eval_every': 100, 'optimizer.lr_scale': 0.3, 'noise_every': 0}
 STREAMING = dict(period=4, fragments=2, delay=1, alpha=0.0, layout='sequential', averager='')
 
 VARIANTS = {

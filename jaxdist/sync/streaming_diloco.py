@@ -209,7 +209,7 @@ def streaming_diloco(
       del base, anchor
       return pending, comm.silence(avg_states), comm.silence(wires)
 
-    branches = [idle, *map(send, tuple(range(fragments)))]
+    branches = [idle, *map(send, range(fragments))]
     args = (base, state.anchor, pending, state.averager, state.wire)
     pending, avg_states, wires = lax.switch(start, branches, *args)
 
@@ -225,7 +225,7 @@ def streaming_diloco(
     # with delay >= 1 no step both sends and applies (delay < period/fragments): the average
     # applied is the one in the state, and this step's collective feeds only the state returned
     arrived = state.pending if delay else pending
-    branches = [keep, *map(take, tuple(range(fragments)))]
+    branches = [keep, *map(take, range(fragments))]
     args = (params, updates, state.anchor, state.outer_state, arrived)
     updates, anchor, outer_states = lax.switch(apply, branches, *args)
     count, synced = _averaging.counted(state, due)

@@ -104,7 +104,7 @@ class Noise:
     measurement that is not finite (a run that diverged) is recorded but not
     smoothed in: the run goes on and its loss says what happened.
     """
-    if not self.every or t % self.every:
+    if not self.due(t):
       return {}
     jax.block_until_ready(state)
     with clock.paused():
@@ -113,6 +113,10 @@ class Noise:
     if np.isfinite(worker_sq) and np.isfinite(mean_sq):
       self.state = self.meter.update(self.state, worker_sq, mean_sq)
     return {'noise_worker_sq': float(worker_sq), 'noise_mean_sq': float(mean_sq), **self.summary()}
+
+  def due(self, t: int) -> bool:
+    """Whether step t (0-based) measures the noise (a collective of its own, before the step)."""
+    return bool(self.every) and t % self.every == 0
 
   def summary(self) -> dict[str, float]:
     if not self.state.count:

@@ -22,9 +22,10 @@ with two devices a process, programs are chained across threads too and
 0.03 is). The step has no collective of its own between processes
 (DiLoCo's inner steps are local), and every other collective the loop
 dispatches between processes (the per-worker metrics' gather, the
-evaluation, a checkpoint's state) either goes through the same thread
-after the exchange (`submit`) or waits for it (`settle`): two collectives
-at once on one communicator could pair the wrong messages.
+evaluation, a checkpoint's state, the gradient noise's measurement) either
+goes through the same thread after the exchange (`submit`) or waits for it
+(`settle`): two collectives at once on one communicator pair the wrong
+messages (a run hangs until the coordination service's heartbeat ends it).
 
 The loop's state between a send and its merge holds the zeroed `pending`;
 `settle` puts the average in first, so an evaluation or checkpoint sees the

@@ -132,7 +132,7 @@ def train(
 
     def step(t: int, state):
       plan = host.plan(t, log)  # first the last step's record, if the plan reads it
-      state = host.prepare(state, plan)
+      state = host.prepare(exchange.settle(state) if host.noise.due(t) else state, plan)
       batch, tx_args, fields = host.batch(t, state, plan)
       state, m = train_step(state, *batch, **tx_args)
       state = exchange.after(t, state)

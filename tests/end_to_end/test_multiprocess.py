@@ -52,12 +52,14 @@ MULTI = {
   'lm_streaming_overlapped': ([DEFERRED], 1),
   'lm_eager_overlapped': (['--config.sync.diloco.exchange=deferred'], 1),
 }
-CASES['lm_streaming_overlapped'] = CASES['lm_streaming_diloco']
+# the gradient noise measured every 2 steps: its collective must wait for the exchange
+CASES['lm_streaming_overlapped'] = [*CASES['lm_streaming_diloco'], '--config.noise_every=2']
 CASES['lm_eager_overlapped'] = [
   *CASES['lm_streaming_diloco'][:2],
   '--config.sync.method=diloco',
   '--config.sync.diloco.period=3',
   '--config.sync.diloco.eager=True',
+  '--config.noise_every=2',
 ]
 EXTENDED = ('lm_streaming_overlapped', 'lm_eager_overlapped')
 
