@@ -87,9 +87,14 @@ bench-network: $(VENV)/.installed
 	  --only=bsp,bsp_bucketed --steps=60 --workdir=workdir/network_buckets_lm \
 	  --results=experiments/results/network_buckets_lm.md
 	$(PY) experiments/bench_network.py --config=configs/shakespeare_gpt.py \
-	  --variants=configs/variants/overlap_lm.py --metric=test_loss --hosts=2,4 \
-	  --workers_per_host=1 --rates=100,unlimited --steps=300 --workdir=workdir/network_overlap \
+	  --variants=configs/variants/overlap_lm.py --metric=test_loss --hosts=2 --workers_per_host=1 \
+	  --single_thread_hosts --rates=100,unlimited --steps=300 --workdir=workdir/network_overlap \
 	  --results=experiments/results/network_overlap.md
+	$(PY) experiments/bench_network.py --config=configs/shakespeare_gpt.py \
+	  --variants=configs/variants/overlap_lm.py --metric=test_loss --hosts=4 --workers_per_host=1 \
+	  --single_thread_hosts --only=streaming_inline,streaming_deferred --rates=100,unlimited \
+	  --steps=300 --workdir=workdir/network_overlap_k4 \
+	  --results=experiments/results/network_overlap_k4.md
 
 # jaxdist beside PyTorch DDP on the digits CNN: jaxdist's half, and DDP's beside it with
 # TORCH_PYTHON=path/to/torchenv/bin/python (a separate venv with torch; never this one)

@@ -92,6 +92,13 @@ flags.DEFINE_integer(
   "the end (0: not; with --rates of 'unlimited' and a limited rate): its step is the exchange, "
   'with the compute all but removed.',
 )
+flags.DEFINE_bool(
+  'single_thread_hosts',
+  False,
+  "Each host's XLA computes on one thread (--xla_cpu_multi_thread_eigen=false "
+  "intra_op_parallelism_threads=1): hosts that share this machine's cores then do not each "
+  'spread their compute over all of them.',
+)
 flags.DEFINE_integer('skip', 3, 'First steps left out of the medians (compiling, warm-up).')
 flags.DEFINE_float('latency_us', 100.0, "The modelled network's latency (netem is not here).")
 flags.DEFINE_integer('timeout_s', 600, 'Seconds a run may take before it is killed.')
@@ -154,9 +161,16 @@ def launch(hosts: netns.Hosts, commands: list[list[str]], logdir: str, env: dict
     raise RuntimeError(f'{logdir}: process {failed[0]} exited non-zero:\n{tail}')
 
 
+SINGLE_THREAD = '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
+
+
 def _env() -> dict:
-  """This environment, with jaxdist's checkout first on PYTHONPATH."""
-  return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
+  """This environment, with jaxdist's checkout first on PYTHONPATH (and one XLA thread a
+  process with --single_thread_hosts)."""
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
+  if FLAGS.single_thread_hosts:
+    env['XLA_FLAGS'] = f'{env.get("XLA_FLAGS", "")} {SINGLE_THREAD}'.strip()
+  return env
 
 
 def _folder(k: int, rate: str) -> str:
