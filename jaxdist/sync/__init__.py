@@ -3,7 +3,9 @@
 One module per method: `allreduce`, `compressed` (`compressed_allreduce`; DGC's
 `local_clip` is in `clip`), `powersgd`, `bucketing` (`bucketed_allreduce`),
 `quantized` (`quantized_allreduce`, block-scaled int8 / fp8), `local_sgd`, `diloco`,
-`streaming_diloco` (and its `fragment_labels`), `sparseloco` and `demo` (both on `chunked`:
+`streaming_diloco` (and its `fragment_labels`; it and `diloco(eager=True)` take their
+exchange out of the step with `deferred`'s `DeferredExchange`: `streaming_exchange`,
+`diloco_exchange`), `sparseloco` and `demo` (both on `chunked`:
 `chunked_allgather`, error-fed Top-k per tile, all-gathered), `onebit_adam` and
 `zero_one_adam` (whole optimizers, on `onebit_allreduce`), `selsync`, `sma`, `gossip`,
 `stale` (`stale_sync`, `ssp`, `async_sgd`), `delay_tolerant` (`od_sgd`, `ssd_sgd`,

@@ -17,9 +17,9 @@ Why a thread: a CPU program dispatched from one Python thread waits for the
 last one that thread dispatched, so the steps and an all-reduce dispatched
 from the same thread run one after the other. From a second thread, with
 one CPU device per process, the runtime runs them at once (measured by
-`experiments/overlap_probe.py`: 0.94 of a 100 Mbit/s exchange hidden;
-with two devices a process, programs are chained across threads too and
-0.03 is). The step has no collective of its own between processes
+`experiments/overlap_probe.py`: 0.78 to 0.94 of a 100 Mbit/s exchange
+hidden; with two devices a process, programs are chained across threads too
+and 0.03 is; inside one program, -0.08). The step has no collective of its own between processes
 (DiLoCo's inner steps are local), and every other collective the loop
 dispatches between processes (the per-worker metrics' gather, the
 evaluation, a checkpoint's state, the gradient noise's measurement) either
