@@ -19,7 +19,9 @@ chained steps of matrix products). Timed, medians of `--repeats`:
 
 hidden = 1 - (both - compute) / exchange, the fraction of the exchange that
 did not add to the steps' time (1 where the steps take longer than the
-exchange and it ran entirely beside them). Needs root (`ip netns`, `tc`).
+exchange and it ran entirely beside them). Also the process's CPU time over
+the exchange alone (all its threads): near its wall time, the exchange
+keeps a core busy while it waits for the link. Needs root (`ip netns`, `tc`).
 
   python experiments/overlap_probe.py --rate=100 --steps=40 --devices=1
 """
@@ -96,11 +98,14 @@ def worker(coordinator: str, pid: int) -> None:
   for f in cases.values():  # compile and warm
     jax.block_until_ready(f())
   times = {k: [] for k in cases}
+  cpu = []  # the process's CPU seconds over the exchange alone
   for _ in range(FLAGS.repeats):
     for k, f in cases.items():
-      t0 = time.perf_counter()
+      t0, c0 = time.perf_counter(), time.process_time()
       jax.block_until_ready(f())
       times[k].append(time.perf_counter() - t0)
+      if k == 'exchange':
+        cpu.append(time.process_time() - c0)
   if pid == 0:
     ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     hidden = {
@@ -113,6 +118,7 @@ def worker(coordinator: str, pid: int) -> None:
       flush=True,
     )
     print('hidden: ' + ', '.join(f'{k} {v:.2f}' for k, v in hidden.items()), flush=True)
+    print(f'CPU over the exchange alone: {1e3 * statistics.median(cpu):.0f} ms', flush=True)
   jax.distributed.shutdown()
 
 
@@ -142,7 +148,8 @@ def main(argv):
       out, _ = p.communicate(timeout=600)
       if p.returncode:
         raise SystemExit(f'a worker failed (exit {p.returncode}):\n{out[-3000:]}')
-      print('\n'.join(line for line in out.splitlines() if line.startswith(('rate', 'hidden'))))
+      keep = ('rate', 'hidden', 'CPU')
+      print('\n'.join(line for line in out.splitlines() if line.startswith(keep)))
 
 
 if __name__ == '__main__':

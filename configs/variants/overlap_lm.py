@@ -10,8 +10,9 @@ The `tiny` GPT (206,656 parameters, 827 KB in float32), one worker a host
 device a process, `jaxdist.train.overlap`), each host's XLA on one thread
 (`--single_thread_hosts`: the hosts share this machine's two cores). Each
 pair is one algorithm run two ways, `inline` (the all-reduce in the step's
-program) and `deferred` (on its own thread beside the next steps), with the
-same numbers (α = 0): their losses are equal.
+program) and `deferred` (on its own thread beside the next steps): eager
+DiLoCo's losses are equal bitwise, Streaming DiLoCo's to float32 rounding
+(its outer step is `merge`, a program of its own).
 
 - Streaming DiLoCo: two fragments of about 413 KB, one sent every 3 steps
   and applied τ = 2 steps later.

@@ -157,8 +157,11 @@ def streaming_diloco(
   `average` of the sent fragment, which the caller may run on its own thread
   beside the next τ steps, and `merge` after the step due to apply it, the
   outer step and blend the inline step would have done. Run so, the models
-  are the inline run's: bitwise with α = 0; with α > 0 to float32 rounding
-  (the blend is taken as the new value, not as params + (new − params)).
+  are the inline run's to float32 rounding: the outer step is the same
+  arithmetic in another program, which XLA may round otherwise (bitwise in
+  the tests, with α = 0; 3e-7 of the final loss apart on the 2-host GPT of
+  `configs/variants/overlap_lm.py`), and with α > 0 the blend is taken as the
+  new value, not as params + (new − params).
   `jd.train` does this with `config.sync.streaming_diloco.exchange`.
 
   References:
