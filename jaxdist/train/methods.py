@@ -302,7 +302,8 @@ METHODS: Mapping[str, Method] = {
       sync.DiLoCoState: {**_SYNCED, 'outer_state': REPLICATED},
       # eager: each worker's outer model, state and share; the average in flight
       sync.EagerDiLoCoState: {
-        **_SYNCED, 'anchor': MEAN, 'outer_state': MEAN, 'pending': REPLICATED, 'mine': MEAN,
+        'count': REPLICATED, 'synced': REPLICATED, 'anchor': MEAN, 'outer_state': MEAN,
+        'wire': RESET, 'pending': REPLICATED, 'mine': MEAN, 'just_synced': REPLICATED,
       },
     },
   ),
