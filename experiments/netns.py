@@ -4,7 +4,10 @@
 namespaces, each joined to the bridge by a veth pair and given 10.R.S.(i+1)/24
 (R.S from the process id, so two benches do not collide); with a rate, a
 token bucket (`tbf`) limits each link in both directions (the host's egress
-and the switch port's). Every address is inside the namespaces it made:
+and the switch port's). Hosts may differ: `rate_mbit` may give each link its
+own rate, and `cpu` each host its own CPU time, in cores (a cgroup v1 `cpu`
+group per host, its `cfs_quota_us` that share of `cfs_period_us`; what a
+host's processes start inside it stays there). Every address is inside the namespaces it made:
 nothing leaves the machine. jax's gloo collectives bind the address the host
 name resolves to, so each namespace gets its own /etc/netns/<name>/hosts
 mapping the host name to its address (`ip netns exec` mounts it on
@@ -12,7 +15,7 @@ mapping the host name to its address (`ip netns exec` mounts it on
 
 As a context manager it tears everything down on exit, on error and on
 SIGINT / SIGTERM: the processes it started (`popen`), then the namespaces
-(their veths go with them) and their /etc/netns folders. `leftovers(prefix)`
+(their veths go with them), their /etc/netns folders and CPU groups. `leftovers(prefix)`
 lists what is left of a prefix, for the tests. Needs root and `ip`/`tc`.
 """
 
@@ -24,9 +27,12 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Sequence
 
 NETNS_ETC = '/etc/netns'
+CPU_CGROUP = '/sys/fs/cgroup/cpu'  # cgroup v1's cpu controller
+PERIOD_US = 100_000
 
 
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -55,29 +61,57 @@ def available() -> str:
 
 
 def leftovers(prefix: str) -> list[str]:
-  """Namespaces and /etc/netns folders whose names start with `prefix`."""
+  """Namespaces, /etc/netns folders and CPU groups whose names start with `prefix`."""
   names = _ip('netns', 'list', check=False).stdout.split()
   found = [n for n in names if n.startswith(prefix)]
   if os.path.isdir(NETNS_ETC):
     found += [f'{NETNS_ETC}/{n}' for n in os.listdir(NETNS_ETC) if n.startswith(prefix)]
+  if os.path.isdir(CPU_CGROUP):
+    found += [f'{CPU_CGROUP}/{n}' for n in os.listdir(CPU_CGROUP) if n.startswith(prefix)]
   return found
 
 
-class Hosts:
-  """k namespaces on a bridge, each link limited to `rate_mbit` (None: unlimited)."""
+def _per_host(name: str, value, k: int, ok, allowed: str) -> list:
+  """`value` for every one of k hosts: one value, or a sequence of k, each ok or None."""
+  values = list(value) if isinstance(value, (list, tuple)) else [value] * k
+  if len(values) != k:
+    raise ValueError(f'{name} gives {len(values)} hosts of {k}: give one value or {k}')
+  for v in values:
+    if v is not None and not ok(v):
+      raise ValueError(f'{name} must be {allowed} (or None), got {v}')
+  return values
 
-  def __init__(self, k: int, rate_mbit: float | None, prefix: str | None = None):
+
+class Hosts:
+  """k namespaces on a bridge, each link limited to `rate_mbit` (None: unlimited).
+
+  Args:
+    k: how many hosts.
+    rate_mbit: every link's rate in Mbit/s, or one per host (None: unlimited).
+    prefix: the names' prefix (default from the process id).
+    cpu: None, or each host's CPU time in cores (e.g. 0.25: a quarter of one
+      core; None: no limit), or one share for all.
+  """
+
+  def __init__(self, k: int, rate_mbit, prefix: str | None = None, cpu=None):
     if k < 1:
       raise ValueError(f'hosts must be >= 1, got {k}')
-    if rate_mbit is not None and rate_mbit <= 0:
-      raise ValueError(f'rate must be > 0 Mbit/s (or None: unlimited), got {rate_mbit}')
+    self.rates = _per_host('rate', rate_mbit, k, lambda r: r > 0, '> 0 Mbit/s')
+    self.cpu = _per_host('cpu', cpu, k, lambda c: 0.01 <= c <= os.cpu_count(),
+                         f'a share of cores in [0.01, {os.cpu_count()}]')  # fmt: skip
+    if any(c is not None for c in self.cpu) and not os.access(CPU_CGROUP, os.W_OK):
+      raise ValueError(f'cpu shares need cgroup v1 cpu at {CPU_CGROUP}, writable (root)')
     pid = os.getpid()
-    self.k, self.rate_mbit = k, rate_mbit
+    self.k = k
+    self.rate_mbit = rate_mbit if not isinstance(rate_mbit, (list, tuple)) else None
     self.prefix = prefix or f'jd{pid % 100000}'
     self.subnet = f'10.{200 + pid % 50}.{(pid // 50) % 250}'
     self.switch = f'{self.prefix}-sw'
     self.names = [f'{self.prefix}-h{i}' for i in range(k)]
     self.addresses = [f'{self.subnet}.{i + 1}' for i in range(k)]
+    self.groups = [
+      None if c is None else f'{CPU_CGROUP}/{n}' for c, n in zip(self.cpu, self.names, strict=True)
+    ]
     self.procs: list[subprocess.Popen] = []
     self._handlers: dict[int, object] = {}
 
@@ -116,15 +150,20 @@ class Hosts:
       _ip('link', 'set', 'lo', 'up', netns=name)
       _ip('link', 'set', port, 'master', 'br0', netns=self.switch)
       _ip('link', 'set', port, 'up', netns=self.switch)
-      if self.rate_mbit is not None:
-        self._limit(name, 'eth0')  # what the host sends
-        self._limit(self.switch, port)  # what it receives
+      if self.rates[i] is not None:
+        self._limit(name, 'eth0', self.rates[i])  # what the host sends
+        self._limit(self.switch, port, self.rates[i])  # what it receives
       etc = os.path.join(NETNS_ETC, name)
       os.makedirs(etc, exist_ok=True)
       with open(os.path.join(etc, 'hosts'), 'w') as f:
         f.write(f'127.0.0.1 localhost\n{address} {socket.gethostname()}\n')
+    for group, share in zip(self.groups, self.cpu, strict=True):
+      if group is not None:
+        os.makedirs(group)
+        _write(f'{group}/cpu.cfs_period_us', PERIOD_US)
+        _write(f'{group}/cpu.cfs_quota_us', int(share * PERIOD_US))
 
-  def _limit(self, netns: str, dev: str) -> None:
+  def _limit(self, netns: str, dev: str, rate_mbit: float) -> None:
     """A token bucket of `rate_mbit` on `dev`'s egress: a burst of 1 ms at the rate.
 
     The bucket fills while the link idles, and a burst passes at once: with
@@ -132,13 +171,13 @@ class Hosts:
     small exchanges of compressed methods rode free. 1 ms keeps a transfer
     within 10 % of its bytes' time at 100 Mbit/s and 1 Gbit/s (tested).
     """
-    rate = self.rate_mbit * 1e6  # bit/s
+    rate = rate_mbit * 1e6  # bit/s
     burst = max(int(rate / 8 * 1e-3), 2 * 1514)  # bytes: 1 ms, at least two full frames
-    _tc(netns, 'qdisc', 'add', 'dev', dev, 'root', 'tbf', 'rate', f'{self.rate_mbit}mbit',
+    _tc(netns, 'qdisc', 'add', 'dev', dev, 'root', 'tbf', 'rate', f'{rate_mbit}mbit',
         'burst', str(burst), 'latency', '100ms')  # fmt: skip
 
   def close(self) -> None:
-    """Stops the processes, then removes the namespaces and their /etc/netns folders."""
+    """Stops the processes, then removes the namespaces, /etc/netns folders and CPU groups."""
     for p in self.procs:
       with contextlib.suppress(ProcessLookupError):
         os.killpg(p.pid, signal.SIGKILL)
@@ -149,6 +188,8 @@ class Hosts:
     for name in [*self.names, self.switch]:
       _ip('netns', 'del', name, check=False)
       shutil.rmtree(os.path.join(NETNS_ETC, name), ignore_errors=True)
+    for group in filter(None, self.groups):
+      _remove_group(group)
     for sig, handler in self._handlers.items():
       signal.signal(sig, handler)
     self._handlers = {}
@@ -156,11 +197,36 @@ class Hosts:
   # --- running in them ---------------------------------------------------------------
 
   def command(self, i: int, cmd: Sequence[str]) -> list[str]:
-    """`cmd` run in host i's namespace."""
-    return ['ip', 'netns', 'exec', self.names[i], *cmd]
+    """`cmd` run in host i's namespace (and CPU group, if it has a share)."""
+    cmd = ['ip', 'netns', 'exec', self.names[i], *cmd]
+    group = self.groups[i]
+    if group is not None:  # the shell joins the group, then becomes `cmd` (outside the
+      # namespace: `ip netns exec` mounts a sysfs of its own, without the cgroups)
+      cmd = ['sh', '-c', f'echo $$ > {group}/cgroup.procs && exec "$@"', 'sh', *cmd]
+    return cmd
 
   def popen(self, i: int, cmd: Sequence[str], **kwargs) -> subprocess.Popen:
     """Starts `cmd` in host i's namespace, in a process group `close` kills."""
     p = subprocess.Popen(self.command(i, cmd), start_new_session=True, **kwargs)
     self.procs.append(p)
     return p
+
+
+def _write(path: str, value) -> None:
+  with open(path, 'w') as f:
+    f.write(str(value))
+
+
+def _remove_group(group: str) -> None:
+  """Removes a CPU group, first moving what is left in it (a process not yet reaped) out."""
+  if not os.path.isdir(group):
+    return
+  for _ in range(50):
+    with contextlib.suppress(OSError):
+      with open(f'{group}/cgroup.procs') as f:
+        for pid in f.read().split():
+          with contextlib.suppress(OSError):
+            _write(f'{CPU_CGROUP}/cgroup.procs', pid)
+      os.rmdir(group)
+      return
+    time.sleep(0.1)

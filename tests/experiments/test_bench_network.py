@@ -38,12 +38,12 @@ c.sendall(b"!")
 """
 
 
-def transfer_s(hosts, nbytes):
-  """Seconds for host 0 to get `nbytes` to host 1 over their link."""
-  receiver = hosts.popen(1, [sys.executable, '-c', RECEIVE])
+def transfer_s(hosts, nbytes, src=0, dst=1):
+  """Seconds for host `src` to get `nbytes` to host `dst` over their links."""
+  receiver = hosts.popen(dst, [sys.executable, '-c', RECEIVE])
   time.sleep(0.5)
   out = subprocess.run(
-    hosts.command(0, [sys.executable, '-c', SEND, hosts.addresses[1], str(nbytes)]),
+    hosts.command(src, [sys.executable, '-c', SEND, hosts.addresses[dst], str(nbytes)]),
     capture_output=True, text=True, timeout=60, check=True,
   )  # fmt: skip
   receiver.wait(timeout=30)
@@ -62,9 +62,43 @@ def test_a_rate_limited_link_takes_the_time_its_bytes_need():
   assert not netns.leftovers(hosts.prefix)
 
 
+BUSY = """
+import time
+start, cpu = time.perf_counter(), time.process_time()
+while time.perf_counter() - start < 1.5:
+  pass
+print((time.process_time() - cpu) / (time.perf_counter() - start))
+"""
+
+
+def test_unequal_hosts_get_their_own_link_rates_and_cpu_shares():
+  """Host 0: 20 Mbit/s and a quarter core; host 1 unlimited; host 2 one core. A busy loop
+  gets its share of the 1.5 s it spins (CFS quota); 2.5 MB takes 1 s from host 0, and a
+  fraction of that between the unlimited hosts."""
+  with netns.Hosts(3, [20, None, None], cpu=[0.25, None, 1.0], prefix='jdtestuneq') as hosts:
+    assert len(netns.leftovers('jdtestuneq')) == 4 + 3 + 2  # namespaces, /etc/netns, groups
+    spins = [hosts.popen(i, [sys.executable, '-c', BUSY], stdout=subprocess.PIPE, text=True)
+             for i in (0, 2)]  # fmt: skip
+    quarter, whole = (float(p.communicate(timeout=60)[0]) for p in spins)
+    slow = transfer_s(hosts, 2_500_000, src=0, dst=1)
+    fast = transfer_s(hosts, 2_500_000, src=1, dst=2)
+  assert 0.15 < quarter < 0.35, quarter
+  assert whole > 0.7, whole
+  assert 0.9 < slow < 1.5, slow
+  assert fast < 0.3, fast
+  assert netns.leftovers('jdtestuneq') == []
+  with pytest.raises(ValueError, match='cpu gives 2 hosts of 3'):
+    netns.Hosts(3, None, cpu=[0.5, 0.5])
+  with pytest.raises(ValueError, match=r'rate must be > 0 Mbit/s \(or None\), got -1'):
+    netns.Hosts(2, [100, -1])
+
+
 def test_an_error_inside_leaves_nothing_behind():
-  with pytest.raises(RuntimeError, match='boom'), netns.Hosts(3, 100, prefix='jdtesterr') as h:
-    sleeper = h.popen(2, ['sleep', '600'])
+  with (
+    pytest.raises(RuntimeError, match='boom'),
+    netns.Hosts(3, 100, prefix='jdtesterr', cpu=[None, None, 0.5]) as h,
+  ):
+    sleeper = h.popen(2, ['sleep', '600'])  # in host 2's CPU group
     assert netns.leftovers('jdtesterr')
     raise RuntimeError('boom')
   assert netns.leftovers('jdtesterr') == []
