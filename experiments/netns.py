@@ -103,7 +103,6 @@ class Hosts:
       raise ValueError(f'cpu shares need cgroup v1 cpu at {CPU_CGROUP}, writable (root)')
     pid = os.getpid()
     self.k = k
-    self.rate_mbit = rate_mbit if not isinstance(rate_mbit, (list, tuple)) else None
     self.prefix = prefix or f'jd{pid % 100000}'
     self.subnet = f'10.{200 + pid % 50}.{(pid // 50) % 250}'
     self.switch = f'{self.prefix}-sw'

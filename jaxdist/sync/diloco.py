@@ -182,11 +182,13 @@ def _eager(outer: optax.GradientTransformation, period: int, axis_name, deferred
   """`diloco(eager=True)`'s transform (see `diloco`)."""
 
   def init_fn(params):
+    fields = _averaging.init_sync(params, None)
+    del fields['averager']  # one dense all-reduce
     zeros = jax.tree.map(jnp.zeros_like, params)
-    wire = comm.overlapped(_averaging.dense_wire(params, None))
-    count = jnp.zeros([], jnp.int32)
-    no = jnp.zeros([], jnp.bool_)
-    return EagerDiLoCoState(count, count, params, outer.init(params), wire, zeros, zeros, no)
+    return EagerDiLoCoState(**fields | dict(
+      outer_state=outer.init(params), wire=comm.overlapped(fields['wire']), pending=zeros,
+      mine=zeros,
+    ))  # fmt: skip
 
   def sync(params, updates, anchor, outer_state, wire, pending, mine):
     fresh = optax.tree.sub(anchor, optax.apply_updates(params, updates))  # Δ_m^r

@@ -173,8 +173,7 @@ def streaming_diloco(
   _averaging.check_period(period)
   _averaging.check_averager(averager)
   every = _check_schedule(period, fragments, delay, alpha)
-  deferred = check_exchange(exchange, _checks.concrete(delay) and delay >= 1, averager,
-                            'delay >= 1')  # fmt: skip
+  deferred = _deferred(exchange, delay, averager)
   check_layout(layout)
   outer = outer_optimizer or optax.sgd(0.7, momentum=0.9, nesterov=True)
   mean = _averaging.mean_fn(averager, axis_name)
@@ -254,11 +253,20 @@ def _check_schedule(period: int, fragments: int, delay: int, alpha: float) -> in
   return every
 
 
+def _schedule(step, every: int, fragments: int):
+  """(the fragment due at inner step `step`, whether one is): traced arrays or Python ints."""
+  return (step // every - 1) % fragments, step % every == 0
+
+
 def _due(step: jax.Array, every: int, fragments: int, axis_name: comm.AxisName):
   """(switch index: 0, or 1 + the fragment due; the fragment due; due) at inner step `step`."""
-  due = step % every == 0
-  frag = (step // every - 1) % fragments
+  frag, due = _schedule(step, every, fragments)
   return comm.agree(jnp.where(due, frag + 1, 0), axis_name), frag, due
+
+
+def _deferred(exchange: str, delay: int, averager: Any) -> bool:
+  """`check_exchange` for Streaming DiLoCo: deferred needs delay >= 1."""
+  return check_exchange(exchange, _checks.concrete(delay) and delay >= 1, averager, 'delay >= 1')
 
 
 def _sender(cut: Cut, mean, mark):
@@ -366,7 +374,7 @@ def streaming_exchange(
   """
   _averaging.check_averager(averager)
   every = _check_schedule(period, fragments, delay, alpha)
-  if not check_exchange(exchange, _checks.concrete(delay) and delay >= 1, averager, 'delay >= 1'):
+  if not _deferred(exchange, delay, averager):
     raise ValueError("streaming_exchange finishes exchange='deferred' steps; got 'inline'")
   check_layout(layout)
   outer = outer_optimizer or optax.sgd(0.7, momentum=0.9, nesterov=True)
@@ -386,7 +394,8 @@ def streaming_exchange(
     return cut.merge(params, new, p), state
 
   def due(steps):  # the fragment whose schedule comes round after `steps` steps (None: none)
-    return (steps // every - 1) % fragments if steps % every == 0 else None
+    frag, is_due = _schedule(steps, every, fragments)
+    return frag if is_due else None
 
   sent = lambda count: due(count + 1 + delay)
   applied = lambda count: due(count + 1)
