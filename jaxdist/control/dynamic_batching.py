@@ -67,8 +67,25 @@ def _bounds(global_batch: int, num_workers: int | None, b_min: int, b_max: int |
   return b_max
 
 
+def _units(global_batch: int, b_min: int, b_max: int | None, multiple: int) -> tuple[int, ...]:
+  """(G, b_min, b_max) in units of `multiple` examples; raises where G is not a multiple."""
+  if multiple < 1 or global_batch % multiple:
+    raise ValueError(
+      f'the global batch {global_batch} must be a multiple of multiple={multiple} (>= 1): '
+      'every worker trains whole micro-batches'
+    )
+  b_max = global_batch if b_max is None else b_max
+  if b_max < multiple:
+    raise ValueError(f'b_max={b_max} holds no whole micro-batch of multiple={multiple} examples')
+  return global_batch // multiple, -(-b_min // multiple), b_max // multiple
+
+
 def allocate(
-  global_batch: int, weights: Sequence[float], b_min: int = 1, b_max: int | None = None
+  global_batch: int,
+  weights: Sequence[float],
+  b_min: int = 1,
+  b_max: int | None = None,
+  multiple: int = 1,
 ) -> np.ndarray:
   """Integer batches ∝ `weights`, summing to `global_batch`, each in [b_min, b_max].
 
@@ -83,6 +100,10 @@ def allocate(
     weights: [K] throughputs (> 0), e.g. cores, FLOPs or measured examples/s.
     b_min: the smallest batch of a worker (>= 1).
     b_max: the largest (default G), e.g. what fits in a worker's memory.
+    multiple: every batch is a multiple of it (micro-batches of that many
+      examples, `make_train_step(micro_batch=...)`): the allocation is made
+      in its units, of G / multiple, within [⌈b_min / multiple⌉,
+      ⌊b_max / multiple⌋]; G must be a multiple of it.
 
   Returns:
     [K] int64 batches.
@@ -92,7 +113,12 @@ def allocate(
     array([ 5, 42, 49])
     >>> allocate(12, (1, 1, 10), b_max=6)
     array([3, 3, 6])
+    >>> allocate(96, (2, 17, 20), multiple=8)
+    array([ 8, 40, 48])
   """
+  if multiple != 1:
+    units = _units(global_batch, b_min, b_max, multiple)
+    return allocate(*units[:1], weights, *units[1:]) * multiple
   w = np.asarray(weights, float)
   if w.ndim != 1 or not w.size:
     raise ValueError(f'weights must be a non-empty vector, got shape {w.shape}')
@@ -155,6 +181,7 @@ def dynamic_batching(
   deadband: float = 0.05,
   decay: float = 0.5,
   interval: int = 10,
+  multiple: int = 1,
 ) -> DynamicBatching:
   """The proportional batch-size controller of Tyagi & Sharma (2020), Eqs. 4–5.
 
@@ -167,6 +194,8 @@ def dynamic_batching(
     deadband: no change while every |µ_k − t̄| / t̄ is within it, in [0, 1).
     decay: EWMA weight of the past, µ ← decay · µ + (1 − decay) · t, in [0, 1).
     interval: iterations between decisions (>= 1).
+    multiple: every batch is a multiple of it: micro-batches of that many
+      examples, each worker computing only its own (`allocate`).
 
   Returns:
     `DynamicBatching(init, update)`. `init(num_workers, throughputs=None)`
@@ -186,6 +215,8 @@ def dynamic_batching(
   if global_batch < 1:
     raise ValueError(f'global_batch must be >= 1, got {global_batch}')
   _bounds(global_batch, None, b_min, b_max)
+  units, unit_min, unit_max = _units(global_batch, b_min, b_max, multiple)
+  _bounds(units, None, unit_min, unit_max)
   if not 0.0 <= deadband < 1.0:
     raise ValueError(f'deadband must be in [0, 1), got {deadband}')
   if not 0.0 <= decay < 1.0:
@@ -201,7 +232,7 @@ def dynamic_batching(
       raise ValueError(
         f'throughputs must have one value per worker ({num_workers}), got shape {weights.shape}'
       )
-    batches = allocate(global_batch, weights, b_min, b_max)
+    batches = allocate(global_batch, weights, b_min, b_max, multiple)
     return DynamicBatchingState(batches, np.full(num_workers, np.nan), 0, 0)
 
   def update(state: DynamicBatchingState, times: Sequence[float]) -> DynamicBatchingState:
@@ -219,7 +250,7 @@ def dynamic_batching(
     t_bar = mean.mean()
     if np.abs(mean - t_bar).max() <= deadband * t_bar:
       return state._replace(mean_s=mean, observed=0)
-    batches = allocate(global_batch, state.batches / mean, b_min, b_max)
+    batches = allocate(global_batch, state.batches / mean, b_min, b_max, multiple)
     if np.array_equal(batches, state.batches):  # the bounds or rounding allow no change
       return state._replace(mean_s=mean, observed=0)
     return DynamicBatchingState(batches, np.full_like(mean, np.nan), 0, state.adjustments + 1)

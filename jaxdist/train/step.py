@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P
 from jaxdist import comm, probes
 from jaxdist.models.masked import masked_mean
 from jaxdist.runtime import DATA, SIM, Workers
-from jaxdist.train import step_metrics, ways, xla_cpu
+from jaxdist.train import micro, step_metrics, ways, xla_cpu
 from jaxdist.train.task import Loss, classes, correct, cross_entropy, per_example
 
 
@@ -262,22 +262,6 @@ def _update(tx, grads, opt_state, params, tx_args, *extra):  # extra: (count[, s
   return probes.apply_updates(params, updates, opt_state), opt_state
 
 
-def _check_way(per_worker: str, counted: bool, staggered: bool, tx) -> None:
-  """Raises ValueError where `per_worker` contradicts `counted`, `staggered` or `tx`."""
-  if per_worker not in PER_WORKER:
-    raise ValueError(f'per_worker must be {WAYS}, got {per_worker!r}')
-  if counted and per_worker in MEAN_GRADIENT:
-    raise ValueError(
-      f'per_worker={per_worker!r} hands every worker one mean gradient: not with counted'
-      if not isinstance(tx, SplitChain)
-      else "per_worker='device' with a SplitChain takes uniform batches: not with counted"
-    )
-  if staggered and per_worker in TOGETHER:
-    raise ValueError(
-      f'staggered runs workers one after the other: per_worker={per_worker!r} contradicts it'
-    )
-
-
 def _split_step(way: ways.Pass, chain, worker_chain, state: TrainState, x, y):
   """A `SplitChain`'s parts: per worker up to the seam, then once for the device's model."""
   model = jax.tree.map(lambda p: p[0], state.params)
@@ -304,6 +288,7 @@ def make_train_step(
   per_worker: str = 'auto',
   loss: Loss = cross_entropy,
   replicated: bool = True,
+  micro_batch: int = 0,
 ) -> Callable[..., tuple[TrainState, dict[str, Any]]]:
   """A jitted `(state, x_WxBx..., y_WxB[, counts_W[, scale_W]]) -> (state, metrics)`; donates state.
 
@@ -382,19 +367,24 @@ def make_train_step(
     per_worker: how a device's workers compute their gradients (above).
     loss: per-example loss (above).
     replicated: return the metrics replicated (above), or per worker.
+    micro_batch: with `counted`, a worker's pass loops over micro-batches of
+      this many examples, only those holding its first count
+      (`jaxdist.train.micro`); 0: one masked pass over all it holds.
 
   Returns:
     The step; with `replicated=False` its attribute `runs` is what
     `step_metrics.reduce_metrics` needs to count the transfers.
   """
 
-  _check_way(per_worker, counted, staggered, tx)
+  ways.check(per_worker, counted, staggered, isinstance(tx, SplitChain), micro_batch)
   on_cpu = workers.mesh.devices.flat[0].platform == 'cpu'
   if per_worker == 'auto':
     per_worker = 'loop' if on_cpu and workers.per_device > 1 else 'vmap'
   one_model = per_worker == 'device'
   split = one_model and isinstance(tx, SplitChain)
   gradients = functools.partial(_gradients, model, loss)
+  if micro_batch:  # only the micro-batches holding the worker's examples
+    gradients = functools.partial(micro.gradients, gradients, micro_batch)
   one_worker = gradients
   chain = jax.vmap(functools.partial(_update, tx.device if split else tx), axis_name=SIM)
   worker_chain = None

@@ -83,6 +83,35 @@ MEAN_GRADIENT = ('mean', 'device')  # every worker of a device is handed one mea
 NAMES = ', '.join(map(repr, PER_WORKER[:-1])) + f' or {PER_WORKER[-1]!r}'
 
 
+def check(per_worker: str, counted: bool, staggered: bool, split: bool, micro_batch: int = 0):
+  """Raises ValueError where `make_train_step`'s arguments contradict one another.
+
+  Args:
+    per_worker: the way asked for.
+    counted: per-worker counts.
+    staggered: the workers one after the other.
+    split: the chain is a `SplitChain`.
+    micro_batch: the micro-batch of a counted step (0: none).
+  """
+  if per_worker not in PER_WORKER:
+    raise ValueError(f'per_worker must be {NAMES}, got {per_worker!r}')
+  if counted and per_worker in MEAN_GRADIENT:
+    raise ValueError(
+      "per_worker='device' with a SplitChain takes uniform batches: not with counted"
+      if split
+      else f'per_worker={per_worker!r} hands every worker one mean gradient: not with counted'
+    )
+  if staggered and per_worker in TOGETHER:
+    raise ValueError(
+      f'staggered runs workers one after the other: per_worker={per_worker!r} contradicts it'
+    )
+  if micro_batch < 0 or (micro_batch and not counted):
+    raise ValueError(
+      f'micro_batch={micro_batch}: micro-batches cut a counted step (counted=True) into '
+      'passes of that many examples; give an int >= 1 with counted, or 0'
+    )
+
+
 class Pass(NamedTuple):
   """A worker's forward and backward pass, as the ways combine them.
 

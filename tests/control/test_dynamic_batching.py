@@ -206,3 +206,31 @@ def test_bad_allocation_and_observations():
   with pytest.raises(ValueError, match='times must all be finite and > 0'):
     ctl.update(ctl.init(2), [1.0, 0.0])
   assert control.DynamicBatchingState._fields == ('batches', 'mean_s', 'observed', 'adjustments')
+
+
+def test_micro_batch_multiples_by_hand():
+  # H10's cores (2, 17, 20) over 96 / 8 = 12 micro-batches: 12 · w / 39 = 0.62, 5.23, 6.15;
+  # floors 0, 5, 6 (0 raised to b_min = 1 unit), then 12 - 12 = 0 left: (1, 5, 6) units
+  np.testing.assert_array_equal(allocate(96, (2, 17, 20), multiple=8), [8, 40, 48])
+  # b_min = 9 examples rounds up to 2 units of 8; b_max = 30 down to 3
+  np.testing.assert_array_equal(
+    allocate(48, (1, 10, 10), b_min=9, b_max=30, multiple=8), [16, 16, 16]
+  )
+  ctl = dynamic_batching(96, multiple=8, interval=1)
+  state = ctl.update(ctl.init(3), [1.0, 0.25, 0.25])  # X ∝ (32, 128, 128) -> 12 · X / ΣX
+  # 1.33, 5.33, 5.33 units: floors 1, 5, 5; the unit left to the lowest of equal remainders
+  np.testing.assert_array_equal(state.batches, [16, 40, 40])
+  assert all(b % 8 == 0 for b in state.batches) and state.batches.sum() == 96
+
+
+@pytest.mark.parametrize(
+  'kwargs, match',
+  [
+    (dict(multiple=7), 'global batch 96 must be a multiple of multiple=7'),
+    (dict(multiple=0), 'must be a multiple of multiple=0'),
+    (dict(multiple=8, b_max=4), 'b_max=4 holds no whole micro-batch of multiple=8'),
+  ],
+)
+def test_bad_multiples(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    dynamic_batching(96, **kwargs)
