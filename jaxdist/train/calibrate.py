@@ -58,7 +58,9 @@ def measure_worker_steps(
   one = runtime.layout(1, devices=1, device_list=jax.local_devices()[:1])
   counted = exp.counted
   ds = exp.dataset
-  train_step = step_lib.make_train_step(exp.model, exp.tx, one, counted=counted)
+  train_step = step_lib.make_train_step(
+    exp.model, exp.tx, one, counted=counted, micro_batch=exp.micro_batch
+  )
   idx = data.batch_indices(
     0, seed=exp.seed, num_examples=len(exp.dataset.train), batch_size=exp.per_worker
   )

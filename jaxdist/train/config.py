@@ -286,24 +286,22 @@ def network() -> ml_collections.ConfigDict:
 
 
 def batching() -> dict[str, Any]:
-  """`config.batching`, the per-worker batches, and its controllers' sections.
-
-  Returns:
-    The keys to set on the config, with their defaults.
-  """
-  # Per-worker batches on a heterogeneous cluster (Tyagi & Sharma 2020): 'uniform',
-  # 'static' (in proportion to the cluster's speeds) or 'dynamic' (the proportional
-  # controller on the modelled iteration times, jd.control.dynamic_batching). Uneven
-  # batches are averaged with weights b_k / G (sync.weighted_allreduce): they need
-  # sync.method=allreduce and a config.cluster. Each worker holds b_max examples
-  # (default: the global batch) and trains on its first b_k.
+  """`config.batching`, the per-worker batches, and its controllers' sections (returned)."""
+  # Per-worker batches on a heterogeneous cluster (Tyagi & Sharma 2020): 'uniform', 'static'
+  # (in proportion to the cluster's speeds) or 'dynamic' (the proportional controller on the
+  # modelled iteration times, jd.control.dynamic_batching), averaged with weights b_k / G
+  # (sync.method=allreduce and a config.cluster needed). Each worker holds b_max examples
+  # (default: the global batch) and trains on its first b_k: all b_max computed, masked, or with
+  # micro_batch=m > 0 only the ⌈b_k / m⌉ micro-batches holding them (b_k whole micro-batches).
   # 'stream': ScaDLES's stream-proportional batches (config.cluster.stream_rates and
   # config.streams), averaged with weights b_k / Σb and the learning rate scaled by Σb / B;
   # with stream rates and 'uniform' batches, every worker waits for its B / K examples
   # (the paper's fixed-batch baseline).
   return dict(
     batching='uniform',
-    dynamic_batching=dict(b_min=1, b_max=_int(), deadband=0.05, decay=0.5, interval=10),
+    dynamic_batching=dict(
+      b_min=1, b_max=_int(), deadband=0.05, decay=0.5, interval=10, micro_batch=0
+    ),
     # ScaDLES's buffers and batch bounds (jd.control.streams); b_max defaults to the global batch
     streams=dict(b_min=8, b_max=_int(), buffer='truncation', interval_s=1.0),
   )

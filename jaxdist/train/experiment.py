@@ -63,6 +63,9 @@ class Experiment:
     batching_mode: 'uniform', 'static', 'dynamic' or 'stream'.
     batching: the per-worker batch controller, or None.
     held: examples each worker holds per step: its batch, or b_max.
+    micro_batch: with per-worker batches, a worker computes only the
+      micro-batches of this many examples that hold its own (0: all it
+      holds, masked; `make_train_step(micro_batch=...)`).
     sampler: which examples each worker trains on, or None.
     ratio_control: the ratio's controller (config.adaptive), or None.
     ratios: its candidates, compiled into the chain (dense after them).
@@ -116,6 +119,7 @@ class Experiment:
   drops: tuple = ()
   init_from: str = ''
   init_step: int = 0
+  micro_batch: int = 0
   exchange: sync.StreamingExchange | None = None
 
   @property

@@ -240,6 +240,12 @@ def _gradients(model, loss, params, model_state, x, y, *count):
   return grads, model_state, mean, _accuracy(logits, y, *count)
 
 
+def _worker_pass(model, loss, micro_batch: int):
+  """`_gradients` of one worker, looping over its micro-batches if `micro_batch` (`micro`)."""
+  gradients = functools.partial(_gradients, model, loss)
+  return functools.partial(micro.gradients, gradients, micro_batch) if micro_batch else gradients
+
+
 def _mean_gradient(model, loss, params, model_state, x, y):
   """(the device's mean gradient, the workers' model states, losses, accuracies)."""
 
@@ -272,11 +278,6 @@ def _split_step(way: ways.Pass, chain, worker_chain, state: TrainState, x, y):
   params, device_state = chain(averaged, device_state, state.params, {})
   state = TrainState(params, model_state, (worker_state, device_state))
   return state, _metrics(loss, accuracy)
-
-
-# `per_worker`'s values (`jaxdist.train.ways`)
-PER_WORKER, TOGETHER, MEAN_GRADIENT = ways.PER_WORKER, ways.TOGETHER, ways.MEAN_GRADIENT
-WAYS = ways.NAMES
 
 
 def make_train_step(
@@ -382,10 +383,7 @@ def make_train_step(
     per_worker = 'loop' if on_cpu and workers.per_device > 1 else 'vmap'
   one_model = per_worker == 'device'
   split = one_model and isinstance(tx, SplitChain)
-  gradients = functools.partial(_gradients, model, loss)
-  if micro_batch:  # only the micro-batches holding the worker's examples
-    gradients = functools.partial(micro.gradients, gradients, micro_batch)
-  one_worker = gradients
+  gradients = one_worker = _worker_pass(model, loss, micro_batch)
   chain = jax.vmap(functools.partial(_update, tx.device if split else tx), axis_name=SIM)
   worker_chain = None
   if split:  # the workers part's own update: each worker's average, no weights applied

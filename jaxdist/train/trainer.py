@@ -108,7 +108,7 @@ def train(
   )
   train_step = step_lib.make_train_step(
     exp.model, exp.tx, workers, staggered=exp.staggered, counted=exp.counted, per_worker=exp.way,
-    replicated=False,  # per-worker metrics, reduced on the host: the step sends nothing of its own
+    micro_batch=exp.micro_batch, replicated=False,  # metrics per worker, reduced on the host
   )  # fmt: skip
   state_shape = jax.eval_shape(init, jax.random.key(exp.seed))
   ckpt = checkpoint.Checkpointer(os.path.join(exp.workdir, CHECKPOINTS), keep=exp.keep_checkpoints)

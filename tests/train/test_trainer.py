@@ -214,6 +214,30 @@ def test_dynamic_batches_train_like_uniform_ones_and_equalise_the_modelled_times
     assert dynamic[0][f'modelled_s@{net}'] < uniform[0][f'modelled_s@{net}'] / 1.5
 
 
+def test_micro_batched_dynamic_batches_train_like_uniform_ones(tmp_path, data_dir, monkeypatch):
+  # Each worker computes only the micro-batches of 8 that hold its examples: the same mean
+  # gradient of the global batch; the controller allocates whole micro-batches.
+  cluster = {'cluster.cores': 'h10', 'dynamic_batching.b_max': 64}
+  uniform = run_digits(tmp_path, 'uniform', data_dir, monkeypatch, steps=4, **cluster)
+  micro = run_digits(
+    tmp_path, 'micro', data_dir, monkeypatch, steps=4, batching='dynamic',
+    **{'dynamic_batching.interval': 2, 'dynamic_batching.micro_batch': 8}, **cluster,
+  )  # fmt: skip
+  for a, b in zip(jax.tree.leaves(uniform[2]), jax.tree.leaves(micro[2]), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  assert [r['batches'] for r in micro[1]] == [[32, 32, 32]] * 2 + [[8, 40, 48]] * 2
+  bad = [
+    (dict(batching='uniform'), r"micro_batch=8: micro-batches .* serve batching='static'"),
+    (dict(batching='static', **{'dynamic_batching.b_max': 60}), r'must divide b_max \(60\)'),
+  ]  # fmt: skip
+  for overrides, message in bad:
+    config = config_lib.base()
+    config.workers, config.batch_size = 3, 96
+    config.update_from_flattened_dict({'dynamic_batching.micro_batch': 8, **overrides})
+    with pytest.raises(ValueError, match=message):
+      factory.micro_batch(config)
+
+
 def test_equal_speeds_static_batching_is_bsp(tmp_path, data_dir, monkeypatch):
   cluster = {'cluster.speeds': '1,1,1', 'dynamic_batching.b_max': 32}
   plain = run_digits(tmp_path, 'plain', data_dir, monkeypatch, steps=4)

@@ -52,6 +52,7 @@ from jaxdist.train.factory.cluster import (
   build_batching,
   build_cluster,
   build_drops,
+  micro_batch,
   waiting_rule,
   worker_clock,
 )
@@ -61,8 +62,8 @@ __all__ = [
   'BATCHING', 'COMPENSATIONS', 'DEVICE_MODEL', 'DEVICE_SPLIT', 'MEAN_ONLY', 'SHARED_MODEL',
   'SUPPLIES', 'ConfigError', 'Experiment', 'build', 'build_batching', 'build_chain',
   'build_cluster', 'build_compressor', 'build_drops', 'build_optimizer', 'build_sampler', 'call',
-  'check_per_worker', 'hierarchy', 'load_config', 'load_dataset', 'per_worker', 'record',
-  'sync_transform', 'waiting_rule', 'worker_clock',
+  'check_per_worker', 'hierarchy', 'load_config', 'load_dataset', 'micro_batch', 'per_worker',
+  'record', 'sync_transform', 'waiting_rule', 'worker_clock',
 ]  # fmt: skip
 
 
@@ -229,7 +230,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     straggles = inject.parse_straggles(config.fault.straggle, config.workers)
     drops = build_drops(config)
     cluster = build_cluster(config.cluster, config.workers, straggles)
-    batching = build_batching(config, cluster)
+    batching, micro = build_batching(config, cluster), micro_batch(config)
     ds = load_dataset(config.dataset)
     data.batch_indices(
       0, seed=config.seed, num_examples=len(ds.train), batch_size=config.batch_size
@@ -246,7 +247,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     workdir=workdir, dataset=ds, model=model, tx=tx, schedule=schedule, workers=workers,
     networks=networks, record=record(config), **_run(config, workers), hierarchy=nodes,
     cluster=cluster, batching=batching, sampler=sampler, ratio_control=ratio_control,
-    ratios=candidates, drops=drops, kill_signal=kill, exchange=exchange,
+    ratios=candidates, drops=drops, kill_signal=kill, exchange=exchange, micro_batch=micro,
   )  # fmt: skip
 
 

@@ -18,7 +18,7 @@ import optax
 
 from jaxdist import compress, runtime, sync
 from jaxdist.train import config as config_lib
-from jaxdist.train import methods
+from jaxdist.train import methods, ways
 from jaxdist.train import step as step_lib
 from jaxdist.train.factory import controls
 from jaxdist.train.factory.sections import call
@@ -326,8 +326,8 @@ def check_per_worker(config) -> None:
     ValueError: saying why the way does not fit the config.
   """
   way = config.sync.per_worker
-  if way not in step_lib.PER_WORKER:
-    raise ValueError(f'config.sync.per_worker must be {step_lib.WAYS}, got {way!r}')
+  if way not in ways.PER_WORKER:
+    raise ValueError(f'config.sync.per_worker must be {ways.NAMES}, got {way!r}')
   split = way == 'device' and config.sync.method in DEVICE_SPLIT
   if split and (why := _split_not_exact(config)):
     raise ValueError(
@@ -335,7 +335,7 @@ def check_per_worker(config) -> None:
       f'error-feedback state; it runs equal batches with one compiled ratio, but {why}; use '
       'per_worker=auto'
     )
-  if way in step_lib.MEAN_GRADIENT and not split and (why := _mean_not_exact(config)):
+  if way in ways.MEAN_GRADIENT and not split and (why := _mean_not_exact(config)):
     raise ValueError(
       f"config.sync.per_worker={way!r} hands each worker its device's mean gradient, exact only "
       f"where the update sees the workers' gradients only through their sum, but {why}; use "
@@ -353,7 +353,7 @@ def check_per_worker(config) -> None:
       f'sync.method={config.sync.method!r} keeps a model per worker. Use it only with '
       f'{", ".join(SHARED_MODEL)}, or per_worker=auto'
     )
-  if config.sync.staggered and way in step_lib.TOGETHER:
+  if config.sync.staggered and way in ways.TOGETHER:
     raise ValueError(
       f'config.sync.staggered runs the workers one after the other: '
       f'config.sync.per_worker={way!r} contradicts it; use auto or loop'

@@ -144,16 +144,46 @@ def build_batching(
     )
     where = 'streams'
   else:
-    section = config.dynamic_batching
+    section = dict(config.dynamic_batching)
+    multiple = micro_batch(config) or 1
+    section.pop('micro_batch', None)
     ctl = call(
-      control.dynamic_batching, 'dynamic_batching', section, global_batch=config.batch_size
-    )
+      control.dynamic_batching, 'dynamic_batching', section, global_batch=config.batch_size,
+      multiple=multiple,
+    )  # fmt: skip
     where = 'dynamic_batching'
   try:
     ctl.init(config.workers)  # the bounds admit the batches
   except ValueError as e:
     raise ValueError(f'config.{where}: {e}') from e
   return ctl
+
+
+def micro_batch(config) -> int:
+  """`config.dynamic_batching.micro_batch`, checked: 0, or m dividing every batch a worker holds.
+
+  Args:
+    config: the run's config.
+
+  Returns:
+    m (0: the masked pass over all held examples).
+  """
+  m = int(config.dynamic_batching.micro_batch or 0)
+  if not m:
+    return 0
+  if m < 0 or config.batching not in ('static', 'dynamic'):
+    raise ValueError(
+      f'config.dynamic_batching.micro_batch={m}: micro-batches of m >= 1 examples serve '
+      f"batching='static' or 'dynamic' (got {config.batching!r}); 0 turns them off"
+    )
+  held = config.dynamic_batching.b_max or config.batch_size
+  uniform = config.batch_size // config.workers
+  if held % m or uniform % m:
+    raise ValueError(
+      f'config.dynamic_batching.micro_batch={m} must divide b_max ({held}) and the uniform '
+      f'batch B / K ({uniform}): each worker holds whole micro-batches'
+    )
+  return m
 
 
 def worker_clock(config, cluster: netmodel.Cluster | None, compute_s: float):
