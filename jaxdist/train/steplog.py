@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -101,6 +103,9 @@ class Fetch:
     return jax.device_get(handle)
 
 
+HOSTS_DIR = 'hosts'  # each process's step times, in a run of several (`StepLog.close`)
+
+
 class StepLog:
   """Per-step records: device metrics fetched late, priced by the ledger, then written.
 
@@ -130,6 +135,7 @@ class StepLog:
     self._pending: list[list[Any]] = []  # [step, device metrics, plan, step_s, extra fields]
     self._inflight: tuple[list[list[Any]], Any] | None = None  # dispatched, not yet read
     self._last_done: float | None = None
+    self.host_times: list[list[Any]] = []  # [step, step_s, host_wait_s] on this process
 
   def push(self, step: int, device_metrics: Any, plan: control.Plan | None = None) -> None:
     """Times the previous step (waiting for it), writes what is due, holds this one's."""
@@ -186,11 +192,29 @@ class StepLog:
     jax.block_until_ready(self._pending[-1][1])
     now = time.perf_counter()
     first = self._last_done is None
-    self._pending[-1][3] = {
+    times = self._pending[-1][3] = {
       'step_s': None if first else now - self._last_done,
       'host_wait_s': None if first else now - tick,
     }
+    self.host_times.append([self._pending[-1][0], times['step_s'], times['host_wait_s']])
     self._last_done = now
+
+  def close(self) -> None:
+    """Closes the writer; in a run of several processes, each writes its own step times.
+
+    `hosts/process<i>.json` beside the metrics: this run's `[step, step_s,
+    host_wait_s]` as timed on process i's devices (`_time_last`) and its
+    `compute_s`, one worker's step timed alone there: on unequal hosts, each
+    host's own compute term and steps (`experiments/bench_hetero.py`).
+    """
+    self.writer.close()
+    if jax.process_count() == 1:
+      return
+    index = jax.process_index()
+    folder = os.path.join(os.path.dirname(self.writer.path), HOSTS_DIR)
+    os.makedirs(folder, exist_ok=True)
+    times = {'process': index, 'compute_s': self.prices.compute_s, 'steps': self.host_times}
+    metrics.write_atomic(os.path.join(folder, f'process{index}.json'), json.dumps(times))
 
   def _write(self, entries, fetched) -> None:
     for (t, _, plan, times, extra), m in zip(entries, fetched, strict=True):

@@ -160,10 +160,10 @@ def train(
     if loop.t < exp.steps or stop.settle():  # every process stops at this step
       if loop.t > start and ckpt.saved_step != loop.t:
         save(loop)
-      _close(bar, log.writer, ckpt, exchange)
+      _close(bar, log, ckpt, exchange)
       raise interrupt.Interrupted(loop.t, stop.signum)
   last_eval = evaluation.last or evaluation.run(exchange.settle(loop.state))  # none to train
-  _close(bar, log.writer, ckpt, exchange)
+  _close(bar, log, ckpt, exchange)
 
   records = metrics.read_jsonl(log.writer.path) if lead else []
   summary = {
@@ -185,7 +185,7 @@ def _started(label: str, meta: dict[str, Any], start: int, steps: int) -> None:
 
 
 def _close(*things) -> None:
-  """Closes the run's progress bar, metrics writer, checkpointer and exchange thread (waiting)."""
+  """Closes the run's progress bar, step log, checkpointer and exchange thread (waiting)."""
   for thing in things:
     thing.close()
 

@@ -5,6 +5,7 @@ deferred`) against the single process's inline one: the same models. With one de
 process (`extended`) that thread's all-reduce runs at once with the next steps.
 """
 
+import json
 import os
 import subprocess
 
@@ -136,3 +137,12 @@ def test_two_processes_match_one(tmp_path, data_dir, case):
     a, b = metrics.without_timings(a), metrics.without_timings(b)
     assert a.keys() == b.keys()
     np.testing.assert_allclose([a[k] for k in sorted(a)], [b[k] for k in sorted(b)], rtol=1e-5)
+  # each process times its own steps and compute term (StepLog.close); one process writes none
+  assert not (single / 'hosts').exists()
+  for i in range(2):
+    times = json.loads((multi / 'hosts' / f'process{i}.json').read_text())
+    assert times['process'] == i and 0 < times['compute_s'] < 10
+    steps, step_s, wait_s = zip(*times['steps'], strict=True)
+    assert list(steps) == list(range(1, STEPS + 1))
+    assert step_s[0] is None and all(0 < s < 60 for s in step_s[1:])
+    assert all(0 <= w <= s for w, s in zip(wait_s[1:], step_s[1:], strict=True))
