@@ -139,28 +139,6 @@ def flags_of(overrides: dict, prefix: str = 'config') -> list[str]:
   return out
 
 
-def launch(hosts: netns.Hosts, commands: list[list[str]], logdir: str, env: dict) -> None:
-  """Runs commands[i] in host i, each writing `logdir/process<i>.log`; raises if one fails."""
-  os.makedirs(logdir, exist_ok=True)
-  logs = [open(os.path.join(logdir, f'process{i}.log'), 'w') for i in range(hosts.k)]  # noqa: SIM115
-  deadline = time.perf_counter() + FLAGS.timeout_s
-  try:
-    procs = [
-      hosts.popen(i, cmd, env=env, stdout=logs[i], stderr=subprocess.STDOUT)
-      for i, cmd in enumerate(commands)
-    ]
-    for p in procs:
-      p.wait(timeout=max(1.0, deadline - time.perf_counter()))
-  finally:
-    for f in logs:
-      f.close()
-  failed = [i for i, p in enumerate(procs) if p.returncode != 0]
-  if failed:
-    with open(os.path.join(logdir, f'process{failed[0]}.log')) as f:
-      tail = f.read()[-3000:]
-    raise RuntimeError(f'{logdir}: process {failed[0]} exited non-zero:\n{tail}')
-
-
 SINGLE_THREAD = '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
 
 
@@ -216,7 +194,7 @@ def run(
   ]  # fmt: skip
   start = time.perf_counter()
   commands = [[*base, f'--process_id={i}', f'--cpu_devices={devices}'] for i in range(k)]
-  launch(hosts, commands, workdir, _env())
+  hosts.launch(commands, workdir, _env(), FLAGS.timeout_s)
   return time.perf_counter() - start
 
 
@@ -247,7 +225,9 @@ def _ddp_once(hosts: netns.Hosts, method: str, rate: str, workers: int) -> dict:
     for i in range(hosts.k)
   ]  # fmt: skip
   try:
-    launch(hosts, commands, workdir, dict(os.environ, JAXDIST_PEERS_DIR=FLAGS.peers_dir))
+    hosts.launch(
+      commands, workdir, dict(os.environ, JAXDIST_PEERS_DIR=FLAGS.peers_dir), FLAGS.timeout_s
+    )
   except (RuntimeError, subprocess.TimeoutExpired) as e:
     return {'error': str(e)[-500:]}
   with open(os.path.join(workdir, 'process0.log')) as f:
@@ -257,23 +237,6 @@ def _ddp_once(hosts: netns.Hosts, method: str, rate: str, workers: int) -> dict:
 def _paired() -> bool:
   """Whether --rates has 'unlimited' and a limited rate: the exchange-alone table's pair."""
   return 'unlimited' in FLAGS.rates and len(FLAGS.rates) > 1
-
-
-def calibrate(hosts: netns.Hosts, devices: int, folder: str) -> dict:
-  """α and β fitted to all-reduces across the hosts, `devices` workers on each (calibrate_link.py).
-
-  The runs' layout: the fitted ring of all the workers is what their modelled clock prices.
-  The processes log to `folder`/calibrate.
-  """
-  script = os.path.join(ROOT, 'experiments', 'calibrate_link.py')
-  base = [sys.executable, script, f'--coordinator_address={hosts.addresses[0]}:23457',
-          f'--num_processes={hosts.k}', f'--cpu_devices={devices}']  # fmt: skip
-  logdir = os.path.join(folder, 'calibrate')
-  launch(hosts, [[*base, f'--process_id={i}'] for i in range(hosts.k)], logdir, _env())
-  with open(os.path.join(logdir, 'process0.log')) as f:
-    fitted = peer_ddp.parse_peer_output(f.read())  # process 0's last JSON line
-  spec = f'{fitted["bandwidth"] * 8 / 1e9:.4g}gbps@{fitted["latency"] * 1e6:.4g}us'
-  return fitted | {'profile': spec}
 
 
 def _timed(records: list[dict]) -> list[dict]:
@@ -430,7 +393,7 @@ def measure(hosts: netns.Hosts, rate: str, group, names: list[str], workers: int
   variant's run in its folder, DDP's JSON lines in ddp_<method>.json.
   """
   k, folder = hosts.k, _folder(hosts.k, rate)
-  fit = calibrate(hosts, workers // k, folder)
+  fit = hosts.fit_link(workers // k, folder, _env(), FLAGS.timeout_s)
   print(f'  fitted: {fit["profile"]}', flush=True)
   with open(os.path.join(folder, 'link.json'), 'w') as f:
     json.dump(fit, f)

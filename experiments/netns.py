@@ -27,6 +27,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 
@@ -209,6 +210,58 @@ class Hosts:
     p = subprocess.Popen(self.command(i, cmd), start_new_session=True, **kwargs)
     self.procs.append(p)
     return p
+
+  def launch(self, commands: list[list[str]], logdir: str, env: dict, timeout_s: float) -> None:
+    """Runs commands[i] in host i, each writing `logdir/process<i>.log`; raises if one fails.
+
+    Args:
+      commands: one command per host.
+      logdir: where the logs go (made if missing).
+      env: the processes' environment.
+      timeout_s: the most all of them may take together
+        (`subprocess.TimeoutExpired` after it; `close` kills what is left).
+    """
+    os.makedirs(logdir, exist_ok=True)
+    logs = [open(os.path.join(logdir, f'process{i}.log'), 'w') for i in range(self.k)]  # noqa: SIM115
+    deadline = time.perf_counter() + timeout_s
+    try:
+      procs = [
+        self.popen(i, cmd, env=env, stdout=logs[i], stderr=subprocess.STDOUT)
+        for i, cmd in enumerate(commands)
+      ]
+      for p in procs:
+        p.wait(timeout=max(1.0, deadline - time.perf_counter()))
+    finally:
+      for f in logs:
+        f.close()
+    failed = [i for i, p in enumerate(procs) if p.returncode != 0]
+    if failed:
+      with open(os.path.join(logdir, f'process{failed[0]}.log')) as f:
+        tail = f.read()[-3000:]
+      raise RuntimeError(f'{logdir}: process {failed[0]} exited non-zero:\n{tail}')
+
+  def fit_link(self, devices: int, folder: str, env: dict, timeout_s: float) -> dict:
+    """α and β fitted to all-reduces across the hosts, `devices` workers on each.
+
+    `experiments/calibrate_link.py` in every host (logs in `folder`/calibrate):
+    the ring of all the workers, as a run of that layout prices it.
+
+    Returns:
+      Process 0's fit (latency s, bandwidth B/s), with 'profile', its
+      network spec ('<gbps>gbps@<us>us') for `config.network.profiles`.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    base = [sys.executable, os.path.join(here, 'calibrate_link.py'),
+            f'--coordinator_address={self.addresses[0]}:23457', f'--num_processes={self.k}',
+            f'--cpu_devices={devices}']  # fmt: skip
+    logdir = os.path.join(folder, 'calibrate')
+    self.launch([[*base, f'--process_id={i}'] for i in range(self.k)], logdir, env, timeout_s)
+    import peer_ddp  # beside this file: the last JSON line of a process's output
+
+    with open(os.path.join(logdir, 'process0.log')) as f:
+      fitted = peer_ddp.parse_peer_output(f.read())
+    spec = f'{fitted["bandwidth"] * 8 / 1e9:.4g}gbps@{fitted["latency"] * 1e6:.4g}us'
+    return fitted | {'profile': spec}
 
 
 def _write(path: str, value) -> None:

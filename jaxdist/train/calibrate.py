@@ -125,7 +125,7 @@ def candidate_step_s(exp: Experiment, meta: dict[str, Any], state: Any) -> list[
   return out
 
 
-def worker_step_s(exp: Experiment, meta: dict[str, Any], state: Any) -> float:
+def worker_step_s(exp: Experiment, meta: dict[str, Any], state: Any) -> tuple[float, float | None]:
   """The compute term: measured once per run, the same in every process, kept by checkpoints.
 
   A resumed run reuses the measurement its checkpoint recorded, and with
@@ -134,14 +134,18 @@ def worker_step_s(exp: Experiment, meta: dict[str, Any], state: Any) -> float:
   processes and across a crash. A compute term given (`exp.compute_s`,
   `config.network.compute_s`) stands in for the measurement. What is
   measured is one worker's replica of `state`, the run's train state.
+
+  Returns:
+    (the compute term, this process's own measurement): on unequal hosts
+    each process measures its own; None where nothing was measured.
   """
   if meta.get('compute_s'):
-    return float(meta['compute_s'])
+    return float(meta['compute_s']), None
   if exp.compute_s:  # given: no measurement
-    return exp.compute_s
-  compute_s = measure_worker_step(exp, state, budget_s=exp.compute_budget_s)
+    return exp.compute_s, None
+  own = compute_s = measure_worker_step(exp, state, budget_s=exp.compute_budget_s)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
 
     compute_s = float(multihost_utils.broadcast_one_to_all(np.float64(compute_s)))
-  return compute_s
+  return compute_s, own

@@ -26,11 +26,14 @@ masked), so the saving is per device, as on real hosts with one worker each.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from jaxdist.train import xla_cpu
 
 
 def gradients(
@@ -91,3 +94,23 @@ def gradients(
   total = jnp.maximum(count, 1).astype(jnp.float32)
   grads = jax.tree.map(lambda g: g / total.astype(g.dtype), grads)
   return grads, model_state, loss_sum / total, hit_sum / total if scored else None
+
+
+def pass_of(one_pass: Callable[..., Any], micro_batch: int, on_cpu: bool) -> Callable[..., Any]:
+  """A worker's pass: `one_pass` itself, or with `micro_batch` its loop over micro-batches.
+
+  On the CPU the loop's convolutions are put in the layout XLA's CPU backend
+  calls Eigen for (`xla_cpu.conv_rule`; XLA does so only outside loops).
+
+  Args:
+    one_pass: the masked pass of one worker, as `gradients` takes it.
+    micro_batch: m (0: `one_pass` unchanged).
+    on_cpu: whether the devices are CPUs.
+
+  Returns:
+    `(params, model_state, x, y, count) -> (grads, model_state, loss, accuracy)`.
+  """
+  if not micro_batch:
+    return one_pass
+  inner = xla_cpu.rewritten(one_pass, xla_cpu.conv_rule) if on_cpu else one_pass
+  return functools.partial(gradients, inner, micro_batch)

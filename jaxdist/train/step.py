@@ -240,12 +240,6 @@ def _gradients(model, loss, params, model_state, x, y, *count):
   return grads, model_state, mean, _accuracy(logits, y, *count)
 
 
-def _worker_pass(model, loss, micro_batch: int):
-  """`_gradients` of one worker, looping over its micro-batches if `micro_batch` (`micro`)."""
-  gradients = functools.partial(_gradients, model, loss)
-  return functools.partial(micro.gradients, gradients, micro_batch) if micro_batch else gradients
-
-
 def _mean_gradient(model, loss, params, model_state, x, y):
   """(the device's mean gradient, the workers' model states, losses, accuracies)."""
 
@@ -323,7 +317,7 @@ def make_train_step(
   - `'vmap'`, `'loop'`, `'shared'`, `'mean'` or `'device'`: see
     `jaxdist.train.ways`, which says what each costs and where it is exact.
   - `'auto'` (default): `'loop'` on the CPU when a device holds more than one
-    worker, else `'vmap'`.
+    worker or the step has micro-batches, else `'vmap'`.
 
   Where a way is allowed, all of them compute the same numbers, up to float
   reassociation inside the convolutions and the sums over workers. With `staggered`, the workers go
@@ -380,10 +374,12 @@ def make_train_step(
   ways.check(per_worker, counted, staggered, isinstance(tx, SplitChain), micro_batch)
   on_cpu = workers.mesh.devices.flat[0].platform == 'cpu'
   if per_worker == 'auto':
-    per_worker = 'loop' if on_cpu and workers.per_device > 1 else 'vmap'
+    per_worker = 'loop' if on_cpu and (workers.per_device > 1 or micro_batch) else 'vmap'
   one_model = per_worker == 'device'
   split = one_model and isinstance(tx, SplitChain)
-  gradients = one_worker = _worker_pass(model, loss, micro_batch)
+  gradients = one_worker = micro.pass_of(
+    functools.partial(_gradients, model, loss), micro_batch, on_cpu
+  )
   chain = jax.vmap(functools.partial(_update, tx.device if split else tx), axis_name=SIM)
   worker_chain = None
   if split:  # the workers part's own update: each worker's average, no weights applied
@@ -394,8 +390,7 @@ def make_train_step(
       worker_chain = xla_cpu.rewritten(worker_chain, xla_cpu.sum_rule)
     else:
       chain = xla_cpu.rewritten(chain, xla_cpu.sum_rule)
-  mean_gradient = functools.partial(_mean_gradient, model, loss)
-  way = ways.Pass(gradients, mean_gradient, one_worker, on_cpu)
+  way = ways.Pass(gradients, functools.partial(_mean_gradient, model, loss), one_worker, on_cpu)
   pass_of = ways.WAYS['staggered' if staggered else per_worker]
 
   def device_step(state: TrainState, x, y, tx_args, *extra):  # leading: this device's workers

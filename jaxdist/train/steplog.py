@@ -125,7 +125,7 @@ class StepLog:
 
   def __init__(
     self, writer: metrics.MetricsWriter, prices: ledger.Ledger, schedule, on_write, observe=None,
-    compute_at=None, fetch: Fetch | None = None,
+    compute_at=None, fetch: Fetch | None = None, host_compute_s: float | None = None,
   ):  # fmt: skip
     self.writer, self.prices, self.on_write = writer, prices, on_write
     self.rates = Rates(schedule)
@@ -136,6 +136,7 @@ class StepLog:
     self._inflight: tuple[list[list[Any]], Any] | None = None  # dispatched, not yet read
     self._last_done: float | None = None
     self.host_times: list[list[Any]] = []  # [step, step_s, host_wait_s] on this process
+    self.host_compute_s = host_compute_s  # this process's own compute term, if it measured one
 
   def push(self, step: int, device_metrics: Any, plan: control.Plan | None = None) -> None:
     """Times the previous step (waiting for it), writes what is due, holds this one's."""
@@ -204,8 +205,10 @@ class StepLog:
 
     `hosts/process<i>.json` beside the metrics: this run's `[step, step_s,
     host_wait_s]` as timed on process i's devices (`_time_last`) and its
-    `compute_s`, one worker's step timed alone there: on unequal hosts, each
-    host's own compute term and steps (`experiments/bench_hetero.py`).
+    `compute_s`, one worker's step timed alone there (`host_compute_s`; None
+    where the run took its compute term from a checkpoint or the config): on
+    unequal hosts, each host's own compute term and steps
+    (`experiments/bench_hetero.py`).
     """
     self.writer.close()
     if jax.process_count() == 1:
@@ -213,7 +216,7 @@ class StepLog:
     index = jax.process_index()
     folder = os.path.join(os.path.dirname(self.writer.path), HOSTS_DIR)
     os.makedirs(folder, exist_ok=True)
-    times = {'process': index, 'compute_s': self.prices.compute_s, 'steps': self.host_times}
+    times = {'process': index, 'compute_s': self.host_compute_s, 'steps': self.host_times}
     metrics.write_atomic(os.path.join(folder, f'process{index}.json'), json.dumps(times))
 
   def _write(self, entries, fetched) -> None:

@@ -119,7 +119,7 @@ def train(
     if lead:  # the config this run goes on with
       metrics.write_atomic(os.path.join(exp.workdir, CONFIG_FILE), json.dumps(exp.record, indent=2))
 
-    compute_s = calibrate.worker_step_s(exp, meta, state)  # one worker's replica, timed alone
+    compute_s, own_s = calibrate.worker_step_s(exp, meta, state)  # a worker, timed alone
     prices = ledger.Ledger.of(exp, comm.find_transfers(state_shape.opt_state), compute_s)
     bar = report.progress(exp.steps, start, enabled=lead and exp.progress, label=label)
     clock, wall0 = Clock(), time.time()
@@ -128,7 +128,7 @@ def train(
     writer = metrics.MetricsWriter(exp.workdir, start, enabled=lead)
     exchange = overlap.Overlap(exp.exchange, workers, state)  # a deferred exchange's programs
     log = StepLog(writer, prices, exp.schedule, bar.show, host.observe, host.compute_at,
-                  PerWorkerFetch(workers, train_step.runs, exchange.submit))  # fmt: skip
+                  PerWorkerFetch(workers, train_step.runs, exchange.submit), own_s)  # fmt: skip
 
     def step(t: int, state):
       plan = host.plan(t, log)  # first the last step's record, if the plan reads it

@@ -59,10 +59,10 @@
   gradients' path off the CPU, `vmap` over workers with the weights
   shared, has not been run on an accelerator).
 - `'auto'` (default): `'loop'` on the CPU when a device holds more than one
-  worker, else `'vmap'`.
+  worker or the step has micro-batches (their loop's convolutions, rewritten
+  for XLA's CPU backend, stay dense), else `'vmap'`.
 
-`'auto'` (`make_train_step`'s default) is `'loop'` on the CPU when a device
-holds more than one worker, else `'vmap'`. `WAYS` maps each way (and
+`WAYS` maps each way (and
 `'staggered'`: Wavelet's tick-tock waves, one worker after the other under
 rematerialisation) to its function of a `Pass`, the train state and the
 step's per-worker arguments.

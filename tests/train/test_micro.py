@@ -1,5 +1,7 @@
 """Micro-batched counted steps: the masked step's numbers, computing only the counted examples."""
 
+import re
+
 import jax
 import numpy as np
 import optax
@@ -108,3 +110,19 @@ def test_bad_micro_batches_are_refused():
   x, y = next(_batches((8, 8, 1)))
   with pytest.raises(ValueError, match='divide the 12 examples a worker holds, got 5'):
     step(state, *(jax.device_put(a, workers.sharding) for a in (x, y, COUNTS)))
+
+
+def test_the_loop_s_convolutions_are_in_the_layout_xla_cpu_calls_eigen_for():
+  """XLA's CPU backend canonicalises convolutions only outside loops: in the micro-batch loop
+  they are rewritten (`xla_cpu.conv_rule`), else they ran 10x slower (naive loops)."""
+  model = jd.models.get('cnn', num_classes=10)
+  workers = runtime.layout(8, devices=8)
+  tx = _tx(workers)
+  state = step_lib.make_init(model, tx, workers, (8, 8, 1))(jax.random.key(0))
+  x, y = next(_batches((8, 8, 1)))
+  args = [jax.device_put(a, workers.sharding) for a in (x, y, COUNTS)]
+  step = step_lib.make_train_step(model, tx, workers, counted=True, micro_batch=MICRO)
+  text = step.lower(state, *args).compile().as_text()
+  labels = re.findall(r'convolution\(.*?dim_labels=(\S+?),', text)
+  assert len(labels) == 5  # the CNN's 2 forward, 2 weight-gradient, 1 input-gradient
+  assert set(labels) == {'b01f_01io->b01f'}

@@ -1,0 +1,402 @@
+r"""Training on unequal hosts: a CPU share and a link per host, measured beside the cluster model.
+
+`netns.Hosts` makes `--hosts` network namespaces on a bridge; each host's
+processes run in a CPU group of their own (`--cpu`: that many cores of CPU
+time, a cgroup v1 quota) and its link is limited to its rate (`--rates`,
+Mbit/s or 'unlimited', one for all or one per host). One training process a
+host, one worker each (`experiments/train.py` over jax.distributed, XLA on one
+thread, so a host's share is what it computes with). Everything is torn down
+on exit, on error and on Ctrl-C.
+
+Calibration, on the same hosts:
+
+- the link's α and β, fitted to all-reduces across the hosts
+  (`calibrate_link.py`), which every run's records price their collectives on;
+- each host's time per example: the first variant's processes each time one
+  worker's step alone on their host (`hosts/process<i>.json`, `compute_s` over
+  B / K examples). Its speeds (examples/s) are what the later variants'
+  allocations by throughput read (`config.cluster.speeds`): dynamic batching's
+  static allocation, Tyagi & Sharma 2020 §III-B.
+
+Per variant and host: the measured mean step on that host's own clock (its
+devices, `hosts/process<i>.json`; the steps after `--skip`, less those that
+evaluated or follow one) beside the cluster model's, `jd.netmodel.simulate`
+with the calibrated speeds (time = batch / speed, no fixed term), the run's
+own batches and α-β communication per step, and its synchronising steps as
+barriers (the periodic waiting rule: BSP when every step synchronises). Per
+variant: the time to `--target` accuracy on process 0's clock, and its ratio
+to the first variant's; the targets of issue 47 as rows that hold or not.
+
+  sudo python experiments/bench_hetero.py --cpu=0.1,0.85,1 --rates=unlimited \
+      --results=experiments/results/hetero_hosts.md
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+from absl import app, flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import netns  # noqa: E402  (experiments/netns.py, beside this script)
+
+flags.DEFINE_list('cpu', ['0.1', '0.85', '1'], "Each host's CPU time in cores ('none': no limit).")
+flags.DEFINE_list('rates', ['unlimited'], "Link rates in Mbit/s or 'unlimited': one, or a host's.")
+flags.DEFINE_string('config', 'configs/digits.py', 'Config every run trains.')
+flags.DEFINE_string('variants', 'configs/variants/hetero_hosts.py', 'Variants file.')
+flags.DEFINE_list('only', None, 'Variants to run (default: the whole file; the first calibrates).')
+flags.DEFINE_integer('steps', 200, 'Training steps per run.')
+flags.DEFINE_integer('eval_every', 20, 'Steps between evaluations.')
+flags.DEFINE_integer('skip', 5, 'First steps left out of the means (compiling, warm-up).')
+flags.DEFINE_float('target', None, "Target test accuracy (default: the first variant's final).")
+flags.DEFINE_string('workdir', 'workdir/bench_hetero', 'Where the runs write.')
+flags.DEFINE_string('results', None, 'Markdown file for the tables (and a .png beside it).')
+flags.DEFINE_integer('timeout_s', 1800, 'The most one run may take (all its processes).')
+flags.DEFINE_bool('tables_only', False, 'Redo the tables from the runs in --workdir.')
+FLAGS = flags.FLAGS
+
+SINGLE_THREAD = '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
+MODEL_WITHIN = 0.15  # issue 47: the per-worker clock within 15 % of the measured step
+DYNAMIC_AT_MOST = 0.6  # dynamic batching's time to target, as a multiple of BSP's
+
+
+def _per_host(values: list[str], k: int, parse) -> list:
+  out = [parse(v) for v in values]
+  if len(out) == 1:
+    return out * k
+  if len(out) != k:
+    raise app.UsageError(f'give one value or one per host ({k}), got {values}')
+  return out
+
+
+def hosts_of() -> tuple[int, list, list]:
+  """(k, each host's CPU share or None, each link's rate or None) from the flags."""
+  k = len(FLAGS.cpu)
+  cpu = _per_host(FLAGS.cpu, k, lambda v: None if v == 'none' else float(v))
+  rates = _per_host(FLAGS.rates, k, lambda v: None if v == 'unlimited' else float(v))
+  return k, cpu, rates
+
+
+def _env() -> dict:
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
+  env['XLA_FLAGS'] = f'{env.get("XLA_FLAGS", "")} {SINGLE_THREAD}'.strip()
+  return env
+
+
+def flags_of(overrides: dict, prefix: str = 'config') -> list[str]:
+  """A variant's nested overrides as `--config.a.b=value` flags."""
+  out = []
+  for key, value in overrides.items():
+    if isinstance(value, dict):
+      out += flags_of(value, f'{prefix}.{key}')
+    else:
+      out.append(f'--{prefix}.{key}={value}')
+  return out
+
+
+def run(hosts: netns.Hosts, name: str, overrides: dict, profile: str) -> str:
+  """Trains one variant across `hosts`, one worker each; its workdir."""
+  workdir = os.path.abspath(os.path.join(FLAGS.workdir, name))
+  base = [
+    sys.executable, os.path.join(ROOT, 'experiments', 'train.py'),
+    f'--config={os.path.join(ROOT, FLAGS.config)}', f'--workdir={workdir}',
+    f'--config.steps={FLAGS.steps}', '--config.progress=False', '--fresh',
+    f'--config.eval_every={FLAGS.eval_every}', f'--config.checkpoint_every={FLAGS.steps}',
+    f'--coordinator_address={hosts.addresses[0]}:23456', f'--num_processes={hosts.k}',
+    *flags_of(overrides), f'--config.network.profiles={profile}',
+  ]  # fmt: skip
+  commands = [[*base, f'--process_id={i}', '--cpu_devices=1'] for i in range(hosts.k)]
+  hosts.launch(commands, workdir, _env(), FLAGS.timeout_s)
+  return workdir
+
+
+def host_times(workdir: str, k: int) -> list[dict]:
+  """Each process's own step times and compute term (`StepLog.close`)."""
+  out = []
+  for i in range(k):
+    with open(os.path.join(workdir, 'hosts', f'process{i}.json')) as f:
+      out.append(json.load(f))
+  return out
+
+
+def speeds_of(times: list[dict], per_worker: int) -> list[float]:
+  """Each host's examples per second: `per_worker` over its step timed alone."""
+  return [per_worker / t['compute_s'] for t in times]
+
+
+def timed_steps(records: list[dict]) -> list[int]:
+  """The steps the means use: after --skip, less those that evaluated and the ones after."""
+  evaluated = {r['step'] for r in records if r.get('test_accuracy') is not None}
+  return [
+    r['step'] for r in records[FLAGS.skip :]
+    if r['step'] not in evaluated and r['step'] - 1 not in evaluated
+  ]  # fmt: skip
+
+
+def measured_steps(times: list[dict], steps: list[int]) -> list[float]:
+  """Each host's mean step over `steps`, seconds."""
+  out = []
+  for t in times:
+    by_step = {s: v for s, v, _ in t['steps']}
+    out.append(statistics.mean(by_step[s] for s in steps))
+  return out
+
+
+def timeline(records: list[dict], speeds: list[float], comm: str, per_worker: int):
+  """The run on the cluster model: `jd.netmodel.simulate` of its batches, comm and barriers."""
+  from jaxdist import netmodel
+
+  return netmodel.simulate(
+    netmodel.Cluster(tuple(speeds)), batches_of(records, len(speeds), per_worker), 1.0,
+    comm_s=[r.get(comm) or 0.0 for r in records],
+    synced=[bool(r.get('synced')) for r in records], wait='periodic',
+  )  # fmt: skip
+
+
+def batches_of(records: list[dict], k: int, per_worker: int) -> np.ndarray:
+  """[steps, K] each worker's batch (uniform runs record none: B / K)."""
+  return np.asarray([r.get('batches') or [per_worker] * k for r in records], float)
+
+
+def _comm_key(record: dict, profile: str) -> str:
+  keys = [k for k in record if k.startswith('comm_s@')]
+  return next((k for k in keys if profile in k), keys[-1] if keys else '')
+
+
+def time_to(records: list[dict], target: float) -> tuple[float | None, int | None]:
+  """(process 0's training seconds, step) to the first evaluation at `target` accuracy or more.
+
+  Training seconds: the steps' own times summed (an evaluation's step counts
+  as the median step: its time holds the evaluation)."""
+  median = statistics.median(r['step_s'] for r in records if r.get('step_s'))
+  total = 0.0
+  for r in records:
+    evaluated = r.get('test_accuracy') is not None
+    total += median if evaluated or not r.get('step_s') else r['step_s']
+    if evaluated and r['test_accuracy'] >= target:
+      return total, r['step']
+  return None, None
+
+
+def _final(records: list[dict]) -> float | None:
+  values = [r['test_accuracy'] for r in records if r.get('test_accuracy') is not None]
+  return values[-1] if values else None
+
+
+HOST_COLUMNS = [
+  ('variant', 'variant'), ('host', 'host'), ('cpu', 'cores'), ('rate', 'link Mbit/s'),
+  ('batch', 'batch'), ('compute_ms', 'modelled compute ms'), ('wait_ms', 'modelled wait ms'),
+  ('modelled_ms', 'modelled step ms'), ('measured_ms', 'measured step ms'),
+  ('ratio', 'measured ÷ modelled'),
+]  # fmt: skip
+RUN_COLUMNS = [
+  ('variant', 'variant'), ('accuracy', 'test acc'), ('step', 'target at step'),
+  ('seconds', 'time to target s'), ('versus', 'vs first'), ('modelled', 'modelled time s'),
+]  # fmt: skip
+TARGET_COLUMNS = [('target', 'target'), ('figure', 'figure'), ('holds', 'holds')]
+
+
+def host_rows(name: str, result: dict, cpu: list, rates: list) -> list[dict]:
+  """One variant's line per host: its batch, the model's step and the measured one."""
+  rows = []
+  for i, measured in enumerate(result['measured']):
+    modelled = result['modelled'][i]
+    rows.append({
+      'variant': name, 'host': i, 'cpu': cpu[i] or 'all', 'rate': rates[i] or 'unlimited',
+      'batch': result['batch'][i], 'compute_ms': 1e3 * result['compute'][i],
+      'wait_ms': 1e3 * result['wait'][i], 'modelled_ms': 1e3 * modelled,
+      'measured_ms': 1e3 * measured, 'ratio': measured / modelled,
+    })  # fmt: skip
+  return rows
+
+
+def collect(name: str, workdir: str, k: int, speeds: list[float], profile: str) -> dict:
+  """A finished run's figures: per host measured and modelled, and its records."""
+  from jaxdist.train import metrics
+
+  records = metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  times = host_times(workdir, k)
+  rows = [s - 1 for s in timed_steps(records)]
+  with open(os.path.join(workdir, 'config.json')) as f:
+    per_worker = json.load(f)['batch_size'] // k
+  line = timeline(records, speeds, _comm_key(records[-1], profile), per_worker)
+  finish = np.vstack([np.zeros(k), line.finish_s])
+  return {
+    'records': records, 'measured': measured_steps(times, [r + 1 for r in rows]),
+    'modelled': np.diff(finish, axis=0)[rows].mean(0), 'compute': line.compute_s[rows].mean(0),
+    'wait': line.wait_s[rows].mean(0), 'finish': line.finish_s.max(1),
+    'batch': batches_of(records, k, per_worker)[rows].mean(0),
+    'compute_s': [t['compute_s'] for t in times],
+  }  # fmt: skip
+
+
+def run_rows(results: dict, target: float) -> list[dict]:
+  """Per variant: final accuracy, time to target measured (and against the first), modelled."""
+  rows, first = [], None
+  for name, result in results.items():
+    seconds, step = time_to(result['records'], target)
+    first = seconds if first is None else first
+    rows.append({
+      'variant': name, 'accuracy': _final(result['records']), 'step': step,
+      'seconds': seconds, 'versus': seconds / first if seconds and first else None,
+      'modelled': None if step is None else float(result['finish'][step - 1]),
+    })  # fmt: skip
+  return rows
+
+
+def target_rows(results: dict, runs: list[dict], model_variants: tuple[str, ...]) -> list[dict]:
+  """Issue 47's targets on this run: the clock model per host, dynamic batching's speed-up."""
+  rows = []
+  for name in model_variants:
+    if name in results:
+      r = results[name]
+      worst = max(abs(m / p - 1) for m, p in zip(r['measured'], r['modelled'], strict=True))
+      rows.append({
+        'target': f'{name}: model within {MODEL_WITHIN:.0%} of the measured step on every host',
+        'figure': f'worst {worst:.1%}', 'holds': 'holds' if worst <= MODEL_WITHIN else 'not',
+      })  # fmt: skip
+  by = {row['variant']: row for row in runs}
+  base, dyn = by.get('bsp'), by.get('dynamic_micro')
+  if base and dyn and base['seconds'] and dyn['seconds']:
+    ratio = dyn['seconds'] / base['seconds']
+    gap = 100 * abs(dyn['accuracy'] - base['accuracy'])
+    rows.append({
+      'target': f'dynamic batching (micro-batches): time to target ≤ {DYNAMIC_AT_MOST}x BSP',
+      'figure': f'{ratio:.2f}x', 'holds': 'holds' if ratio <= DYNAMIC_AT_MOST else 'not',
+    })  # fmt: skip
+    rows.append({
+      'target': 'dynamic batching: final accuracy within 0.5 pp of BSP',
+      'figure': f'{gap:.2f} pp', 'holds': 'holds' if gap <= 0.5 else 'not',
+    })  # fmt: skip
+  return rows
+
+
+def figure(hosts: list[dict], runs: list[dict]):
+  """Per host and variant, measured against modelled step; per variant, time to target."""
+  from matplotlib.figure import Figure
+
+  fig = Figure(figsize=(11, 4), layout='constrained')
+  left, right = fig.subplots(1, 2, width_ratios=(2, 1))
+  labels = [f'{h["variant"]}\nhost {h["host"]} ({h["cpu"]})' for h in hosts]
+  x = np.arange(len(hosts))
+  left.bar(x - 0.2, [h['modelled_ms'] for h in hosts], 0.4, label='modelled', color='0.7')
+  left.bar(x + 0.2, [h['measured_ms'] for h in hosts], 0.4, label='measured', color='C0')
+  left.set_xticks(x, labels, fontsize=7, rotation=60, ha='right')
+  left.set_ylabel('mean step (ms)')
+  left.set_title('each host: measured step against the cluster model')
+  left.legend()
+  timed = [r for r in runs if r['seconds']]
+  right.bar([r['variant'] for r in timed], [r['seconds'] for r in timed], color='C1')
+  right.set_ylabel('seconds to target (measured)')
+  right.set_title('time to target accuracy')
+  right.tick_params(axis='x', labelrotation=30, labelsize=8)
+  return fig
+
+
+def _merged(*trees: dict) -> dict:
+  out: dict = {}
+  for tree in trees:
+    for key, value in tree.items():
+      out[key] = _merged(out.get(key) or {}, value) if isinstance(value, dict) else value
+  return out
+
+
+CALIBRATION = 'calibration.json'
+
+
+def measure(group, names: list[str], k: int, cpu: list, rates: list) -> None:
+  """Builds the hosts, fits the link, trains every variant; the first one's hosts give speeds."""
+  per_worker = group.settings['batch_size'] // k
+  with netns.Hosts(k, rates, cpu=cpu) as hosts:
+    print(f'{k} hosts {hosts.names}: cores {cpu}, Mbit/s {rates}', flush=True)
+    fit = hosts.fit_link(1, os.path.abspath(FLAGS.workdir), _env(), FLAGS.timeout_s)
+    print(f'  link: {fit["profile"]}', flush=True)
+    speeds = None
+    for name in names:
+      measured = (
+        {} if speeds is None else {'cluster': {'speeds': ','.join(f'{s:.6g}' for s in speeds)}}
+      )
+      start = time.perf_counter()
+      workdir = run(
+        hosts, name, _merged(group.settings, group.variants[name], measured), fit['profile']
+      )
+      print(f'  {name}: {time.perf_counter() - start:.0f} s', flush=True)
+      if speeds is None:
+        speeds = speeds_of(host_times(workdir, k), per_worker)
+        print(f'  speeds (examples/s): {[round(s) for s in speeds]}', flush=True)
+  with open(os.path.join(FLAGS.workdir, CALIBRATION), 'w') as f:
+    json.dump(
+      {
+        'speeds': speeds,
+        'link': fit,
+        'cpu': cpu,
+        'rates': rates,
+        'names': names,
+        'command': ' '.join(['python', 'experiments/bench_hetero.py', *sys.argv[1:]]),
+      },
+      f,
+    )
+
+
+def main(argv):
+  del argv
+  from jaxdist.train import compare, report
+
+  k, cpu, rates = hosts_of()
+  group = compare.load_group(FLAGS.variants)
+  names = FLAGS.only or list(group.variants)
+  if group.settings.get('workers') != k:
+    raise app.UsageError(f"--cpu names {k} hosts: the variants' settings must give {k} workers")
+  if not FLAGS.tables_only:
+    if why := netns.available():
+      raise app.UsageError(f'bench_hetero {why}')
+    os.makedirs(FLAGS.workdir, exist_ok=True)
+    measure(group, names, k, cpu, rates)
+  with open(os.path.join(FLAGS.workdir, CALIBRATION)) as f:
+    calib = json.load(f)
+  speeds, profile = calib['speeds'], calib['link']['profile']
+  results = {
+    n: collect(n, os.path.abspath(os.path.join(FLAGS.workdir, n)), k, speeds, profile)
+    for n in calib['names']
+  }
+  target = FLAGS.target or _final(next(iter(results.values()))['records'])
+  hosts = [row for n, r in results.items() for row in host_rows(n, r, calib['cpu'], calib['rates'])]
+  runs = run_rows(results, target)
+  targets = target_rows(results, runs, ('bsp', 'dynamic_micro', 'local4'))
+  title = (
+    f'{FLAGS.config} with {FLAGS.variants}, {k} hosts (one worker each), cores '
+    f'{calib["cpu"]}, links {calib["rates"]}; speeds measured {[round(s) for s in speeds]} '
+    f'examples/s; link fitted {profile}; {FLAGS.steps} steps; target accuracy {target:.4g}'
+  )
+  for heading, rows, columns in (
+    ('per host', hosts, HOST_COLUMNS),
+    ('per variant', runs, RUN_COLUMNS),
+    ('targets', targets, TARGET_COLUMNS),
+  ):
+    print(f'\n{heading}: {title}\n' + report.table(rows, columns))
+  if FLAGS.results:
+    parts = [
+      report.provenance(calib['command']),
+      f'{title}.',
+      'Per host:',
+      report.markdown(hosts, HOST_COLUMNS),
+      'Per variant:',
+      report.markdown(runs, RUN_COLUMNS),
+      'Targets:',
+      report.markdown(targets, TARGET_COLUMNS),
+    ]
+    with open(FLAGS.results, 'w') as f:
+      f.write('\n\n'.join(parts) + '\n')
+    report.save(figure(hosts, runs), FLAGS.results.removesuffix('.md') + '.png')
+    print(f'results: {FLAGS.results}')
+
+
+if __name__ == '__main__':
+  app.run(main)
