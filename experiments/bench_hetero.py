@@ -12,16 +12,21 @@ Calibration, on the same hosts:
 
 - the link's α and β, fitted to all-reduces across the hosts
   (`calibrate_link.py`), which every run's records price their collectives on;
-- each host's time per example: the first variant's processes each time one
-  worker's step alone on their host (`hosts/process<i>.json`, `compute_s` over
-  B / K examples). Its speeds (examples/s) are what the later variants'
-  allocations by throughput read (`config.cluster.speeds`): dynamic batching's
-  static allocation, Tyagi & Sharma 2020 §III-B.
+- each host's step as a line in its batch, a_k + b / v_k: every host trains
+  alone (one process, one worker, no collectives) at two batch sizes
+  (`--calibrate_batches`), and the line through their median steps gives its
+  fixed seconds a step a_k (the loop on the host, dispatch: on a small share
+  they are tens of ms) and its examples a second v_k.
+
+Dynamic batching's allocation (Tyagi & Sharma 2020 §III-B, static by
+throughput) is the one that equalises the calibrated lines: micro-batch by
+micro-batch, each to the host whose step it lengthens least; the runs get it
+as the weights of their static allocation (`config.cluster.speeds`).
 
 Per variant and host: the measured mean step on that host's own clock (its
 devices, `hosts/process<i>.json`; the steps after `--skip`, less those that
 evaluated or follow one) beside the cluster model's, `jd.netmodel.simulate`
-with the calibrated speeds (time = batch / speed, no fixed term), the run's
+with the calibrated lines (`Cluster(speeds=v, fixed_s=a)`), the run's
 own batches and α-β communication per step, and its synchronising steps as
 barriers (the periodic waiting rule: BSP when every step synchronises). Per
 variant: the time to `--target` accuracy on process 0's clock, and its ratio
@@ -51,7 +56,7 @@ flags.DEFINE_list('cpu', ['0.1', '0.85', '1'], "Each host's CPU time in cores ('
 flags.DEFINE_list('rates', ['unlimited'], "Link rates in Mbit/s or 'unlimited': one, or a host's.")
 flags.DEFINE_string('config', 'configs/digits.py', 'Config every run trains.')
 flags.DEFINE_string('variants', 'configs/variants/hetero_hosts.py', 'Variants file.')
-flags.DEFINE_list('only', None, 'Variants to run (default: the whole file; the first calibrates).')
+flags.DEFINE_list('only', None, 'Variants to run (default: the whole file).')
 flags.DEFINE_integer('steps', 200, 'Training steps per run.')
 flags.DEFINE_integer('eval_every', 20, 'Steps between evaluations.')
 flags.DEFINE_integer('skip', 5, 'First steps left out of the means (compiling, warm-up).')
@@ -59,6 +64,9 @@ flags.DEFINE_float('target', None, "Target test accuracy (default: the first var
 flags.DEFINE_string('workdir', 'workdir/bench_hetero', 'Where the runs write.')
 flags.DEFINE_string('results', None, 'Markdown file for the tables (and a .png beside it).')
 flags.DEFINE_integer('timeout_s', 1800, 'The most one run may take (all its processes).')
+flags.DEFINE_integer('period_us', 10_000, "The CPU groups' period (µs): a share is of each.")
+flags.DEFINE_list('calibrate_batches', ['8', '32'], "Batch sizes of each host's calibration.")
+flags.DEFINE_integer('calibration_steps', 40, "Steps of each host's calibration runs.")
 flags.DEFINE_bool('tables_only', False, 'Redo the tables from the runs in --workdir.')
 FLAGS = flags.FLAGS
 
@@ -126,9 +134,40 @@ def host_times(workdir: str, k: int) -> list[dict]:
   return out
 
 
-def speeds_of(times: list[dict], per_worker: int) -> list[float]:
-  """Each host's examples per second: `per_worker` over its step timed alone."""
-  return [per_worker / t['compute_s'] for t in times]
+def calibrate_hosts(hosts: netns.Hosts, config: list[str]) -> list[tuple[float, float]]:
+  """Each host's (a_k, v_k): fixed seconds a step and examples a second, trained alone."""
+  from jaxdist.train import metrics
+
+  steps, medians = FLAGS.calibration_steps, []
+  for batch in (int(b) for b in FLAGS.calibrate_batches):
+    folder = os.path.abspath(os.path.join(FLAGS.workdir, 'calibrate_hosts', f'b{batch}'))
+    commands = [[
+      sys.executable, os.path.join(ROOT, 'experiments', 'train.py'), *config,
+      f'--workdir={folder}/h{i}', '--fresh', '--config.workers=1', f'--config.batch_size={batch}',
+      f'--config.steps={steps}', f'--config.eval_every={steps}', '--config.noise_every=0',
+      f'--config.checkpoint_every={steps}', '--config.progress=False', '--cpu_devices=1',
+    ] for i in range(hosts.k)]  # fmt: skip
+    hosts.launch(commands, folder, _env(), FLAGS.timeout_s)
+    medians.append([
+      statistics.median(
+        r['step_s'] for r in metrics.read_jsonl(f'{folder}/h{i}/metrics.jsonl')[FLAGS.skip : -1]
+      ) for i in range(hosts.k)
+    ])  # fmt: skip
+  (b1, b2), (t1, t2) = [int(b) for b in FLAGS.calibrate_batches], np.asarray(medians)
+  per_example = np.maximum((t2 - t1) / (b2 - b1), 1e-9)
+  fixed = np.maximum(t1 - per_example * b1, 0.0)
+  return [(float(a), float(1 / e)) for a, e in zip(fixed, per_example, strict=True)]
+
+
+def equalising(lines: list[tuple[float, float]], total: int, multiple: int) -> list[int]:
+  """Batches summing to `total` in whole `multiple`s that equalise a_k + b_k / v_k: each unit
+  to the host whose step it lengthens least (every host gets one first)."""
+  batches = [multiple] * len(lines)
+  time = lambda k, b: lines[k][0] + b / lines[k][1]
+  for _ in range(total // multiple - len(lines)):
+    k = min(range(len(lines)), key=lambda k: time(k, batches[k] + multiple))
+    batches[k] += multiple
+  return batches
 
 
 def timed_steps(records: list[dict]) -> list[int]:
@@ -149,12 +188,13 @@ def measured_steps(times: list[dict], steps: list[int]) -> list[float]:
   return out
 
 
-def timeline(records: list[dict], speeds: list[float], comm: str, per_worker: int):
+def timeline(records: list[dict], lines, comm: str, per_worker: int):
   """The run on the cluster model: `jd.netmodel.simulate` of its batches, comm and barriers."""
   from jaxdist import netmodel
 
+  fixed, speeds = zip(*lines, strict=True)
   return netmodel.simulate(
-    netmodel.Cluster(tuple(speeds)), batches_of(records, len(speeds), per_worker), 1.0,
+    netmodel.Cluster(speeds, fixed_s=fixed), batches_of(records, len(lines), per_worker), 1.0,
     comm_s=[r.get(comm) or 0.0 for r in records],
     synced=[bool(r.get('synced')) for r in records], wait='periodic',
   )  # fmt: skip
@@ -217,7 +257,7 @@ def host_rows(name: str, result: dict, cpu: list, rates: list) -> list[dict]:
   return rows
 
 
-def collect(name: str, workdir: str, k: int, speeds: list[float], profile: str) -> dict:
+def collect(name: str, workdir: str, k: int, lines, profile: str) -> dict:
   """A finished run's figures: per host measured and modelled, and its records."""
   from jaxdist.train import metrics
 
@@ -226,14 +266,13 @@ def collect(name: str, workdir: str, k: int, speeds: list[float], profile: str) 
   rows = [s - 1 for s in timed_steps(records)]
   with open(os.path.join(workdir, 'config.json')) as f:
     per_worker = json.load(f)['batch_size'] // k
-  line = timeline(records, speeds, _comm_key(records[-1], profile), per_worker)
+  line = timeline(records, lines, _comm_key(records[-1], profile), per_worker)
   finish = np.vstack([np.zeros(k), line.finish_s])
   return {
     'records': records, 'measured': measured_steps(times, [r + 1 for r in rows]),
     'modelled': np.diff(finish, axis=0)[rows].mean(0), 'compute': line.compute_s[rows].mean(0),
     'wait': line.wait_s[rows].mean(0), 'finish': line.finish_s.max(1),
     'batch': batches_of(records, k, per_worker)[rows].mean(0),
-    'compute_s': [t['compute_s'] for t in times],
   }  # fmt: skip
 
 
@@ -312,37 +351,27 @@ CALIBRATION = 'calibration.json'
 
 
 def measure(group, names: list[str], k: int, cpu: list, rates: list) -> None:
-  """Builds the hosts, fits the link, trains every variant; the first one's hosts give speeds."""
-  per_worker = group.settings['batch_size'] // k
-  with netns.Hosts(k, rates, cpu=cpu) as hosts:
+  """Builds the hosts, fits the link and each host's line, then trains every variant."""
+  config = [f'--config={os.path.join(ROOT, FLAGS.config)}']
+  with netns.Hosts(k, rates, cpu=cpu, period_us=FLAGS.period_us) as hosts:
     print(f'{k} hosts {hosts.names}: cores {cpu}, Mbit/s {rates}', flush=True)
     fit = hosts.fit_link(1, os.path.abspath(FLAGS.workdir), _env(), FLAGS.timeout_s)
-    print(f'  link: {fit["profile"]}', flush=True)
-    speeds = None
+    lines = calibrate_hosts(hosts, config)
+    print(f'  link: {fit["profile"]}; hosts (a s, v ex/s): {lines}', flush=True)
+    allocations = {}
     for name in names:
-      measured = (
-        {} if speeds is None else {'cluster': {'speeds': ','.join(f'{s:.6g}' for s in speeds)}}
-      )
+      overrides = _merged(group.settings, group.variants[name])
+      if overrides.get('batching') == 'static':  # the equalising batches, as its weights
+        micro = overrides.get('dynamic_batching', {}).get('micro_batch') or 1
+        allocations[name] = equalising(lines, overrides['batch_size'], micro)
+        overrides['cluster']['speeds'] = ','.join(map(str, allocations[name]))
       start = time.perf_counter()
-      workdir = run(
-        hosts, name, _merged(group.settings, group.variants[name], measured), fit['profile']
-      )
+      run(hosts, name, overrides, fit['profile'])
       print(f'  {name}: {time.perf_counter() - start:.0f} s', flush=True)
-      if speeds is None:
-        speeds = speeds_of(host_times(workdir, k), per_worker)
-        print(f'  speeds (examples/s): {[round(s) for s in speeds]}', flush=True)
+  command = ' '.join(['python', 'experiments/bench_hetero.py', *sys.argv[1:]])
   with open(os.path.join(FLAGS.workdir, CALIBRATION), 'w') as f:
-    json.dump(
-      {
-        'speeds': speeds,
-        'link': fit,
-        'cpu': cpu,
-        'rates': rates,
-        'names': names,
-        'command': ' '.join(['python', 'experiments/bench_hetero.py', *sys.argv[1:]]),
-      },
-      f,
-    )
+    json.dump({'lines': lines, 'link': fit, 'cpu': cpu, 'rates': rates, 'names': names,
+               'allocations': allocations, 'command': command}, f)  # fmt: skip
 
 
 def main(argv):
@@ -361,9 +390,9 @@ def main(argv):
     measure(group, names, k, cpu, rates)
   with open(os.path.join(FLAGS.workdir, CALIBRATION)) as f:
     calib = json.load(f)
-  speeds, profile = calib['speeds'], calib['link']['profile']
+  lines, profile = calib['lines'], calib['link']['profile']
   results = {
-    n: collect(n, os.path.abspath(os.path.join(FLAGS.workdir, n)), k, speeds, profile)
+    n: collect(n, os.path.abspath(os.path.join(FLAGS.workdir, n)), k, lines, profile)
     for n in calib['names']
   }
   target = FLAGS.target or _final(next(iter(results.values()))['records'])
@@ -372,8 +401,9 @@ def main(argv):
   targets = target_rows(results, runs, ('bsp', 'dynamic_micro', 'local4'))
   title = (
     f'{FLAGS.config} with {FLAGS.variants}, {k} hosts (one worker each), cores '
-    f'{calib["cpu"]}, links {calib["rates"]}; speeds measured {[round(s) for s in speeds]} '
-    f'examples/s; link fitted {profile}; {FLAGS.steps} steps; target accuracy {target:.4g}'
+    f'{calib["cpu"]}, links {calib["rates"]}; each host alone a + b / v with (a ms, v '
+    f'examples/s) {[(round(1e3 * a, 1), round(v)) for a, v in lines]}; link fitted {profile}; '
+    f'{FLAGS.steps} steps; target accuracy {target:.4g}'
   )
   for heading, rows, columns in (
     ('per host', hosts, HOST_COLUMNS),

@@ -90,6 +90,9 @@ class Cluster:
     straggles: injected slowdowns (`config.fault.straggle`): (worker, factor,
       start, end) tuples; worker's compute time is multiplied by factor on
       0-based steps start <= t < end (`jaxdist.faults.inject.Straggle`).
+    fixed_s: each worker's seconds a step whatever its batch (its loop on the
+      host, dispatch), added to its compute on a step with examples, slowed
+      down with it by stragglers, not changed by phases; () for none.
   """
 
   speeds: tuple[float, ...]
@@ -100,6 +103,7 @@ class Cluster:
   stream_rates: tuple[float, ...] = ()
   price: float = 0.0
   straggles: tuple[tuple[int, float, int, int], ...] = ()
+  fixed_s: tuple[float, ...] = ()
 
   def __post_init__(self):
     speeds = _floats('speeds', self.speeds)
@@ -130,11 +134,12 @@ class Cluster:
       if min(factors) <= 0:
         raise ValueError(f'phases[{i}] speed factors must all be > 0, got {factors}')
       phases.append((int(steps), factors))
-    rates = _floats('stream_rates', self.stream_rates)
-    if rates and len(rates) != k:
-      raise ValueError(f'stream_rates has {len(rates)} workers, but speeds has {k}')
-    if rates and min(rates) < 0:
-      raise ValueError(f'stream_rates must all be >= 0 samples/s, got {rates}')
+    rates, fixed = _floats('stream_rates', self.stream_rates), _floats('fixed_s', self.fixed_s)
+    for name, values, unit in (('stream_rates', rates, 'samples/s'), ('fixed_s', fixed, 's')):
+      if values and len(values) != k:
+        raise ValueError(f'{name} has {len(values)} workers, but speeds has {k}')
+      if values and min(values) < 0:
+        raise ValueError(f'{name} must all be >= 0 {unit}, got {values}')
     for i, (worker, factor, start, end) in enumerate(self.straggles):
       if not 0 <= worker < k or factor < 1.0 or not 0 <= start < end:
         raise ValueError(
@@ -144,6 +149,7 @@ class Cluster:
     object.__setattr__(self, 'speeds', speeds)
     object.__setattr__(self, 'phases', tuple(phases))
     object.__setattr__(self, 'stream_rates', rates)
+    object.__setattr__(self, 'fixed_s', fixed)
 
   @classmethod
   def uniform(cls, num_workers: int, **kwargs) -> Cluster:
@@ -251,7 +257,7 @@ class Cluster:
   def compute_seconds(
     self, step: int, batches: Sequence[float] | float, per_example_s: float
   ) -> np.ndarray:
-    """[K] seconds each worker computes at `step`: b / speed × per-example time (× slowdown).
+    """[K] seconds each worker computes at `step`: (fixed + b / speed × per-example) × slowdown.
 
     Args:
       step: the step (0-based), for the phase, the straggler draw and the
@@ -267,7 +273,8 @@ class Cluster:
     for worker, factor, start, end in self.straggles:
       if start <= step < end:
         slow[worker] *= factor
-    return b / self.speeds_at(step) * per_example_s * slow
+    fixed = np.where(b > 0, self.fixed_s or 0.0, 0.0)
+    return (fixed + b / self.speeds_at(step) * per_example_s) * slow
 
   def cost(self, seconds: float) -> float:
     """Price of renting every worker for `seconds`: K × hours × price.

@@ -42,6 +42,19 @@ def test_compute_seconds_is_batch_over_speed_times_per_example_time():
   np.testing.assert_allclose(c.compute_seconds(0, 8, E), [0.16, 0.04])  # one batch for all
 
 
+def test_a_fixed_term_is_added_on_steps_with_examples_and_slowed_with_the_worker():
+  c = Cluster(speeds=(0.5, 2.0), fixed_s=(0.03, 0.001))
+  # 0.03 + 10 / 0.5 * 0.01 = 0.23; 0.001 + 40 / 2 * 0.01 = 0.201
+  np.testing.assert_allclose(c.compute_seconds(0, [10, 40], E), [0.23, 0.201])
+  np.testing.assert_allclose(c.compute_seconds(0, [0, 40], E), [0.0, 0.201])  # none: no step
+  slow = Cluster(speeds=(0.5, 2.0), fixed_s=(0.03, 0.001), straggles=((0, 3.0, 0, 1),))
+  np.testing.assert_allclose(slow.compute_seconds(0, [10, 40], E), [0.69, 0.201])  # 3 x 0.23
+  none = Cluster(speeds=(0.5, 2.0))
+  np.testing.assert_allclose(none.compute_seconds(0, [10, 40], E), [0.2, 0.2])  # () = 0
+  # BSP on the clock: the slower one's 0.23 a step
+  assert simulate(c, np.full((3, 2), [10, 40]), E).total_s == pytest.approx(0.69)
+
+
 def test_phases_multiply_the_speeds_and_repeat():
   c = Cluster(speeds=(1.0, 2.0), phases=((2, (1.0, 1.0)), (1, (0.5, 0.25))))
   got = [tuple(c.speeds_at(t)) for t in range(6)]
@@ -236,6 +249,8 @@ def test_equal_speeds_without_stragglers_give_todays_clock(kw):
     (dict(speeds=(1.0,), price=-1), 'price must be >= 0'),
     (dict(speeds=(1.0, 1.0), stream_rates=(5.0,)), 'stream_rates has 1 workers, but speeds has 2'),
     (dict(speeds=(1.0,), stream_rates=(-5.0,)), 'stream_rates must all be >= 0'),
+    (dict(speeds=(1.0, 1.0), fixed_s=(0.1,)), 'fixed_s has 1 workers, but speeds has 2'),
+    (dict(speeds=(1.0,), fixed_s=(-0.1,)), 'fixed_s must all be >= 0 s'),
     (dict(speeds=(1.0, 1.0), phases=((5, (1.0,)),)), r'phases\[0\] has 1 speed factors'),
     (dict(speeds=(1.0,), phases=((0, (1.0,)),)), r'phases\[0\] must last >= 1 step'),
     (dict(speeds=(1.0,), phases=((2, (0.0,)),)), r'phases\[0\] speed factors must all be > 0'),
