@@ -13,7 +13,7 @@ LOCK := requirements.lock
 PIP_VERSION := 26.3
 UV_VERSION := 0.13.9
 
-.PHONY: run run-lm test test-all lint format docs bench bench-lm bench-network bench-peers results results-lm clean lock wheel
+.PHONY: run run-lm test test-all lint format docs bench bench-lm bench-network bench-hetero bench-peers results results-lm clean lock wheel
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	@echo "Creating $(VENV) and installing the exact versions in $(LOCK) into it (once; seconds from"
@@ -95,6 +95,13 @@ bench-network: $(VENV)/.installed
 	  --single_thread_hosts --only=streaming_inline,streaming_deferred --rates=100,unlimited \
 	  --steps=300 --workdir=workdir/network_overlap_k4 \
 	  --results=experiments/results/network_overlap_k4.md
+
+# Unequal hosts for real (root: network namespaces and cgroup v1 CPU groups): each host its own
+# CPU share, BSP against dynamic batching (masked and micro-batched) and local SGD, measured
+# beside the cluster model calibrated on the same hosts
+bench-hetero: $(VENV)/.installed
+	$(PY) experiments/bench_hetero.py --cpu=1,0.85,0.1 --rates=unlimited --steps=200 \
+	  --workdir=workdir/hetero_hosts --results=experiments/results/hetero_hosts.md
 
 # jaxdist beside PyTorch DDP on the digits CNN: jaxdist's half, and DDP's beside it with
 # TORCH_PYTHON=path/to/torchenv/bin/python (a separate venv with torch; never this one)

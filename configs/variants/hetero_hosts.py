@@ -11,12 +11,12 @@ from typing import Any
 from jaxdist.train.config import method
 
 # the speeds: equal until bench_hetero sets each host's measured one
-SETTINGS = {'workers': 3, 'batch_size': 96, 'noise_every': 0, 'cluster': {'speeds': '1,1,1'}}
+SETTINGS = {'workers': 3, 'batch_size': 384, 'noise_every': 0, 'cluster': {'speeds': '1,1,1'}}
 
 
 def by_throughput(micro_batch: int) -> dict[str, Any]:
-  """Batches in proportion to the hosts' measured speeds; b_max 64, `micro_batch` (0: masked)."""
-  return {'batching': 'static', 'dynamic_batching': {'b_max': 64, 'micro_batch': micro_batch}}
+  """Batches in proportion to the hosts' measured speeds; b_max 256, `micro_batch` (0: masked)."""
+  return {'batching': 'static', 'dynamic_batching': {'b_max': 256, 'micro_batch': micro_batch}}
 
 
 VARIANTS = {
