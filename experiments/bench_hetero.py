@@ -29,8 +29,9 @@ evaluated or follow one) beside the cluster model's, `jd.netmodel.simulate`
 with the calibrated lines (`Cluster(speeds=v, fixed_s=a)`), the run's
 own batches and α-β communication per step, and its synchronising steps as
 barriers (the periodic waiting rule: BSP when every step synchronises). Per
-variant: the time to `--target` accuracy on process 0's clock, and its ratio
-to the first variant's; the targets of issue 47 as rows that hold or not.
+variant: the time to `--target` accuracy on process 0's clock (after the
+`--skip` warm-up steps, whose one-off compiles are the same for every method),
+and its ratio to the first variant's; the targets of issue 47 as rows that hold or not.
 
   sudo python experiments/bench_hetero.py --cpu=1,0.85,0.1 --rates=unlimited \
       --results=experiments/results/hetero_hosts.md
@@ -215,18 +216,23 @@ def _comm_key(record: dict, profile: str) -> str:
   return next((k for k in keys if profile in k), keys[-1] if keys else '')
 
 
-def time_to(records: list[dict], target: float) -> tuple[float | None, int | None]:
+def time_to(records: list[dict], target: float, skip: int) -> tuple[float | None, int | None]:
   """(process 0's training seconds, step) to the first evaluation at `target` accuracy or more.
 
-  Training seconds: the steps' own times summed (an evaluation's step counts
-  as the median step: its time holds the evaluation)."""
-  median = statistics.median(r['step_s'] for r in records if r.get('step_s'))
-  total = 0.0
+  Training seconds: the steps' own times summed from the end of the first
+  `skip` (their one-off compiles: the step's, the metrics' gather's, an
+  evaluation's, the same for every method; on a 0.1-core host seconds each),
+  each step that evaluated, or follows one, counted as the median step (its
+  time holds the evaluation)."""
+  median = statistics.median(r['step_s'] for r in records[skip:] if r.get('step_s'))
+  total, after = 0.0, False
   for r in records:
     evaluated = r.get('test_accuracy') is not None
-    total += median if evaluated or not r.get('step_s') else r['step_s']
+    if r['step'] > skip:
+      total += median if evaluated or after or not r.get('step_s') else r['step_s']
     if evaluated and r['test_accuracy'] >= target:
       return total, r['step']
+    after = evaluated
   return None, None
 
 
@@ -281,16 +287,18 @@ def collect(name: str, workdir: str, k: int, lines, profile: str) -> dict:
   }  # fmt: skip
 
 
-def run_rows(results: dict, target: float) -> list[dict]:
-  """Per variant: final accuracy, time to target measured (and against the first), modelled."""
+def run_rows(results: dict, target: float, skip: int) -> list[dict]:
+  """Per variant: final accuracy, time to target after `skip` steps, measured (and against the
+  first variant's) and modelled."""
   rows, first = [], None
   for name, result in results.items():
-    seconds, step = time_to(result['records'], target)
+    seconds, step = time_to(result['records'], target, skip)
     first = seconds if first is None else first
+    finish = np.r_[0.0, result['finish']]  # the model's clock after each step
     rows.append({
       'variant': name, 'accuracy': _final(result['records']), 'step': step,
       'seconds': seconds, 'versus': seconds / first if seconds and first else None,
-      'modelled': None if step is None else float(result['finish'][step - 1]),
+      'modelled': None if step is None else float(finish[step] - finish[min(skip, step)]),
     })  # fmt: skip
   return rows
 
@@ -328,14 +336,20 @@ def figure(hosts: list[dict], runs: list[dict]):
 
   fig = Figure(figsize=(11, 4), layout='constrained')
   left, right = fig.subplots(1, 2, width_ratios=(2, 1))
-  labels = [f'{h["variant"]}\nhost {h["host"]} ({h["cpu"]})' for h in hosts]
-  x = np.arange(len(hosts))
-  left.bar(x - 0.2, [h['modelled_ms'] for h in hosts], 0.4, label='modelled', color='0.7')
-  left.bar(x + 0.2, [h['measured_ms'] for h in hosts], 0.4, label='measured', color='C0')
-  left.set_xticks(x, labels, fontsize=7, rotation=60, ha='right')
+  variants = list(dict.fromkeys(h['variant'] for h in hosts))
+  per = max(h['host'] for h in hosts) + 1
+  width = 0.8 / per
+  for j in range(per):
+    mine = [h for h in hosts if h['host'] == j]
+    x = np.array([variants.index(h['variant']) for h in mine]) + (j - (per - 1) / 2) * width
+    label = f'host {j} ({mine[0]["cpu"]} core)'
+    left.bar(x, [h['measured_ms'] for h in mine], width, label=f'{label}, measured')
+    left.plot(x, [h['modelled_ms'] for h in mine], 'k_', markersize=14, markeredgewidth=2)
+  left.plot([], [], 'k_', markersize=14, markeredgewidth=2, label='modelled')
+  left.set_xticks(range(len(variants)), variants)
   left.set_ylabel('mean step (ms)')
   left.set_title('each host: measured step against the cluster model')
-  left.legend()
+  left.legend(fontsize=8)
   timed = [r for r in runs if r['seconds']]
   right.bar([r['variant'] for r in timed], [r['seconds'] for r in timed], color='C1')
   right.set_ylabel('seconds to target (measured)')
@@ -402,7 +416,7 @@ def main(argv):
   }
   target = FLAGS.target or _final(next(iter(results.values()))['records'])
   hosts = [row for n, r in results.items() for row in host_rows(n, r, calib['cpu'], calib['rates'])]
-  runs = run_rows(results, target)
+  runs = run_rows(results, target, FLAGS.skip)
   targets = target_rows(results, runs, ('bsp', 'dynamic_micro', 'local4'))
   title = (
     f'{FLAGS.config} with {FLAGS.variants}, {k} hosts (one worker each), cores '
@@ -417,8 +431,11 @@ def main(argv):
   ):
     print(f'\n{heading}: {title}\n' + report.table(rows, columns))
   if FLAGS.results:
+    made = report.provenance(calib['command'])
+    if FLAGS.tables_only:
+      made += ' Tables redone from its runs with `--tables_only`.'
     parts = [
-      report.provenance(calib['command']),
+      made,
       f'{title}.',
       'Per host:',
       report.markdown(hosts, HOST_COLUMNS),
