@@ -249,10 +249,10 @@ def cluster() -> ml_collections.ConfigDict:
   c.straggler_slowdown = 2.0  # its compute time then, times this
   c.seed = 0
   c.phases = ''  # speeds that change, repeated: 'steps:factor,...;steps:factor,...'
-  # samples/s streaming into each worker (ScaDLES): numbers, or a rate set drawn
-  # with `seed`: 'S1' | 'S2' (uniform) | 'S10' | 'S20' (normal); see config.streams
+  # samples/s into each worker (ScaDLES): numbers, or 'S1'|'S2'|'S10'|'S20' drawn with `seed`
   c.stream_rates = ''
   c.price = 0.0  # per worker-hour
+  c.fixed_s = ''  # each worker's seconds a step whatever its batch (its host loop), e.g. '0,0,0.04'
   return c
 
 
@@ -286,17 +286,17 @@ def network() -> ml_collections.ConfigDict:
 
 
 def batching() -> dict[str, Any]:
-  """`config.batching`, the per-worker batches, and its controllers' sections (returned)."""
-  # Per-worker batches on a heterogeneous cluster (Tyagi & Sharma 2020): 'uniform', 'static'
-  # (in proportion to the cluster's speeds) or 'dynamic' (the proportional controller on the
-  # modelled iteration times, jd.control.dynamic_batching), averaged with weights b_k / G
-  # (sync.method=allreduce and a config.cluster needed). Each worker holds b_max examples
-  # (default: the global batch) and trains on its first b_k: all b_max computed, masked, or with
-  # micro_batch=m > 0 only the ⌈b_k / m⌉ micro-batches holding them (b_k whole micro-batches).
-  # 'stream': ScaDLES's stream-proportional batches (config.cluster.stream_rates and
-  # config.streams), averaged with weights b_k / Σb and the learning rate scaled by Σb / B;
-  # with stream rates and 'uniform' batches, every worker waits for its B / K examples
-  # (the paper's fixed-batch baseline).
+  """`config.batching`, the per-worker batches, and its controllers' sections.
+
+  Returns:
+    The keys to set on the config, with their defaults.
+  """
+  # Per-worker batches (Tyagi & Sharma 2020): 'uniform', 'static' (∝ config.cluster's speeds) or
+  # 'dynamic' (jd.control.dynamic_batching on the modelled times), weighted b_k / G (allreduce).
+  # Each worker holds b_max (default: the global batch) and trains on its first b_k: all b_max
+  # computed, masked, or with micro_batch=m > 0 only the ⌈b_k / m⌉ micro-batches holding them.
+  # 'stream': ScaDLES's stream-proportional batches (config.cluster.stream_rates, config.streams),
+  # weighted b_k / Σb, the lr scaled by Σb / B; with stream rates, 'uniform' waits for B / K.
   return dict(
     batching='uniform',
     dynamic_batching=dict(

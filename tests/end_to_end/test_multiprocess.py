@@ -141,7 +141,11 @@ def test_two_processes_match_one(tmp_path, data_dir, case):
   assert not (single / 'hosts').exists()
   for i in range(2):
     times = json.loads((multi / 'hosts' / f'process{i}.json').read_text())
-    assert times['process'] == i and 0 < times['compute_s'] < 10
+    assert times['process'] == i
+    if case == 'digits':  # measured on each process (QUICK_FLAGS give the others' compute term)
+      assert 0 < times['compute_s'] < 10
+    else:
+      assert times['compute_s'] is None
     steps, step_s, wait_s = zip(*times['steps'], strict=True)
     assert list(steps) == list(range(1, STEPS + 1))
     assert step_s[0] is None and all(0 < s < 60 for s in step_s[1:])

@@ -4,6 +4,7 @@ import dataclasses
 import inspect
 import os
 
+import numpy as np
 import pytest
 
 from jaxdist import compress, runtime, sync
@@ -199,3 +200,15 @@ def test_lr_scale_multiplies_the_rate_of_every_step(schedule):
   assert rates[1.0][0] == pytest.approx(0.2)
   assert rates[1.0][1] == pytest.approx(0.2 if schedule == 'constant' else 0.1)
   assert rates[0.25] == pytest.approx([r * 0.25 for r in rates[1.0]], rel=1e-6)
+
+
+def test_cluster_fixed_s_reaches_the_cluster_and_alone_describes_one():
+  config = config_lib.base()
+  config.cluster.fixed_s = '0,0.04'
+  cluster = factory.build_cluster(config.cluster, 2)
+  assert cluster.speeds == (1.0, 1.0) and cluster.fixed_s == (0.0, 0.04)
+  # 0.04 + 10 / 1 x 0.01 on the second worker
+  np.testing.assert_allclose(cluster.compute_seconds(0, [10, 10], 0.01), [0.1, 0.14])
+  config.cluster.fixed_s = '0.1'
+  with pytest.raises(ValueError, match=r'config\.cluster: fixed_s has 1 workers, but speeds has 2'):
+    factory.build_cluster(config.cluster, 2)

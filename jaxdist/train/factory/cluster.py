@@ -55,9 +55,11 @@ def build_cluster(cfg, num_workers: int, straggles: tuple = ()) -> netmodel.Clus
     stream_rates=_stream_rates(cfg, num_workers),
     price=cfg.price,
     straggles=tuple(straggles),
+    fixed_s=config_lib.numbers(cfg.fixed_s, 'cluster.fixed_s'),
   )
   speeds, cores = config_lib.numbers(cfg.speeds, 'cluster.speeds'), str(cfg.cores).strip()
   described = speeds or cores or cfg.straggler_p or kwargs['phases'] or cfg.price or straggles
+  described = described or kwargs['fixed_s']
   if not (described or kwargs['stream_rates']):
     return None
   if speeds and cores:

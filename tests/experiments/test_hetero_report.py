@@ -1,4 +1,4 @@
-"""experiments/bench_hetero.py's arithmetic: allocations, the model of a run, times and targets.
+"""experiments/hetero_report.py: bench_hetero's allocations, model of a run, times and targets.
 
 The runs themselves need root and network namespaces (`make bench-hetero`); here the
 figures they feed are checked against hand-computed values on made-up records.
@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO
 
 sys.path.insert(0, os.path.join(REPO, 'experiments'))
-import bench_hetero
+import hetero_report
 
 # hosts: a = 30 ms a step, 300 examples/s; two fast ones at 2 ms and 2,000 / 2,500 examples/s
 LINES = [(0.03, 300.0), (0.002, 2000.0), (0.002, 2500.0)]
@@ -23,12 +23,12 @@ LINES = [(0.03, 300.0), (0.002, 2000.0), (0.002, 2500.0)]
 def test_equalising_gives_each_unit_to_the_host_it_lengthens_least():
   # G = 96 in 8s: every host 8 first (0.0567, 0.006, 0.0052 s); a unit more on the slow host
   # would make it 0.0833, so the 9 units left go to the fast two, each to the shorter step
-  batches = bench_hetero.equalising(LINES, 96, 8)
+  batches = hetero_report.equalising(LINES, 96, 8)
   assert sum(batches) == 96 and batches[0] == 8 and all(b % 8 == 0 for b in batches)
   time = [a + b / v for (a, v), b in zip(LINES, batches, strict=True)]
   assert max(time) == pytest.approx(LINES[0][0] + 8 / 300)
   assert batches == [8, 40, 48]  # 0.022 and 0.0212 s: host 2 is the faster
-  equal = bench_hetero.equalising([(0.0, 100.0)] * 3, 96, 1)
+  equal = hetero_report.equalising([(0.0, 100.0)] * 3, 96, 1)
   assert equal == [32, 32, 32]
 
 
@@ -46,7 +46,7 @@ def _records(steps, batches=None, synced=None, comm=0.01):
 def test_the_model_of_a_bsp_run_by_hand():
   # BSP, batches 32 each: computes 0.03 + 32/300 = 0.13667, 0.002 + 0.016 = 0.018,
   # 0.002 + 0.0128 = 0.0148; every step waits for the slowest, then 0.01 of communication
-  line = bench_hetero.timeline(_records(4), LINES, 'comm_s@x', 32)
+  line = hetero_report.timeline(_records(4), LINES, 'comm_s@x', 32)
   np.testing.assert_allclose(line.compute_s[0], [0.03 + 32 / 300, 0.018, 0.0148])
   np.testing.assert_allclose(np.diff(line.finish_s[:, 0]), [0.03 + 32 / 300 + 0.01] * 3)
   np.testing.assert_allclose(line.wait_s[0], [0, 0.03 + 32 / 300 - 0.018, 0.03 + 32 / 300 - 0.0148])
@@ -54,7 +54,7 @@ def test_the_model_of_a_bsp_run_by_hand():
 
 def test_the_model_of_local_sgd_waits_only_at_the_synchronising_steps():
   synced = [0, 0, 0, 1] * 2
-  line = bench_hetero.timeline(_records(8, synced=synced), LINES, 'comm_s@x', 32)
+  line = hetero_report.timeline(_records(8, synced=synced), LINES, 'comm_s@x', 32)
   slow = 0.03 + 32 / 300
   # a fast host's first three steps are its own compute (+ the step's comm, priced on each)
   np.testing.assert_allclose(np.diff(np.r_[0, line.finish_s[:3, 1]]), [0.018 + 0.01] * 3)
@@ -68,16 +68,16 @@ def test_time_to_target_sums_the_steps_after_the_warm_up_an_evaluation_counting_
   records[3]['step_s'] = 9.0  # its time holds the evaluation: the median instead
   records[4]['step_s'] = 0.7  # and the step after it too
   records[5]['step_s'] = 0.3
-  seconds, step = bench_hetero.time_to(records, 0.9, skip=1)
+  seconds, step = hetero_report.time_to(records, 0.9, skip=1)
   # steps 2..8: 0.1 + 0.1 + median + median + 0.3 + 0.1 + median, median of steps 2..8 = 0.1
   assert step == 8 and seconds == pytest.approx(0.9)
-  assert bench_hetero.time_to(records, 0.99, skip=1) == (None, None)
+  assert hetero_report.time_to(records, 0.99, skip=1) == (None, None)
 
 
 def test_timed_steps_leave_out_the_first_and_the_evaluations():
   records = _records(12)
   records[7]['test_accuracy'] = 0.5
-  assert bench_hetero.timed_steps(records, 5) == [6, 7, 10, 11, 12]  # not 8, nor 9 after it
+  assert hetero_report.timed_steps(records, 5) == [6, 7, 10, 11, 12]  # not 8, nor 9 after it
 
 
 def test_targets_hold_or_not_by_the_figures():
@@ -89,7 +89,7 @@ def test_targets_hold_or_not_by_the_figures():
     {'variant': 'bsp', 'seconds': 10.0, 'accuracy': 0.96},
     {'variant': 'dynamic_micro', 'seconds': 5.5, 'accuracy': 0.962},
   ]
-  rows = bench_hetero.target_rows(results, runs, ('bsp', 'dynamic_micro', 'local4'))
+  rows = hetero_report.target_rows(results, runs, ('bsp', 'dynamic_micro', 'local4'))
   got = {r['target'].split(':')[0]: (r['figure'], r['holds']) for r in rows}
   assert got['bsp'] == ('worst 10.0%', 'holds')
   assert got['dynamic_micro'] == ('worst 20.0%', 'not')
