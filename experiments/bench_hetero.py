@@ -114,17 +114,6 @@ def _env() -> dict:
   return env
 
 
-def flags_of(overrides: dict, prefix: str = 'config') -> list[str]:
-  """A variant's nested overrides as `--config.a.b=value` flags."""
-  out = []
-  for key, value in overrides.items():
-    if isinstance(value, dict):
-      out += flags_of(value, f'{prefix}.{key}')
-    else:
-      out.append(f'--{prefix}.{key}={value}')
-  return out
-
-
 def run(hosts: netns.Hosts, name: str, overrides: dict, profile: str) -> str:
   """Trains one variant across `hosts`, one worker each; its workdir."""
   workdir = os.path.abspath(os.path.join(FLAGS.workdir, name))
@@ -134,7 +123,7 @@ def run(hosts: netns.Hosts, name: str, overrides: dict, profile: str) -> str:
     f'--config.steps={FLAGS.steps}', '--config.progress=False', '--fresh',
     f'--config.eval_every={FLAGS.eval_every}', f'--config.checkpoint_every={FLAGS.steps}',
     f'--coordinator_address={hosts.addresses[0]}:23456', f'--num_processes={hosts.k}',
-    *flags_of(overrides), f'--config.network.profiles={profile}',
+    *netns.flags_of(overrides), f'--config.network.profiles={profile}',
   ]  # fmt: skip
   commands = [[*base, f'--process_id={i}', '--cpu_devices=1'] for i in range(hosts.k)]
   hosts.launch(commands, workdir, _env(), FLAGS.timeout_s)

@@ -128,17 +128,6 @@ def profile(rate: str) -> str | None:
   return f'{float(rate) / 1000:g}gbps@{FLAGS.latency_us:g}us'
 
 
-def flags_of(overrides: dict, prefix: str = 'config') -> list[str]:
-  """A variant's nested overrides as `--config.a.b=value` flags."""
-  out = []
-  for key, value in overrides.items():
-    if isinstance(value, dict):
-      out += flags_of(value, f'{prefix}.{key}')
-    else:
-      out.append(f'--{prefix}.{key}={value}')
-  return out
-
-
 SINGLE_THREAD = '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
 
 
@@ -188,7 +177,7 @@ def run(
     f'--config.eval_every={steps if exchange else 10}',
     f'--config.checkpoint_every={steps}',
     f'--coordinator_address={hosts.addresses[0]}:23456', f'--num_processes={k}',
-    *flags_of(overrides), f'--config.network.profiles={nets}',
+    *netns.flags_of(overrides), f'--config.network.profiles={nets}',
     *([f'--config.batch_size={devices * k}'] if exchange else []),
     *([f'--config.workers={devices * k}'] if FLAGS.workers_per_host else []),
   ]  # fmt: skip

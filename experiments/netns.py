@@ -270,6 +270,17 @@ class Hosts:
     return fitted | {'profile': spec}
 
 
+def flags_of(overrides: dict, prefix: str = 'config') -> list[str]:
+  """A variant's nested overrides as `--config.a.b=value` flags, for the runs on the hosts."""
+  out = []
+  for key, value in overrides.items():
+    if isinstance(value, dict):
+      out += flags_of(value, f'{prefix}.{key}')
+    else:
+      out.append(f'--{prefix}.{key}={value}')
+  return out
+
+
 def _write(path: str, value) -> None:
   with open(path, 'w') as f:
     f.write(str(value))
