@@ -102,6 +102,8 @@ bench-network: $(VENV)/.installed
 bench-hetero: $(VENV)/.installed
 	$(PY) experiments/bench_hetero.py --cpu=1,0.85,0.1 --rates=unlimited --steps=200 \
 	  --workdir=workdir/hetero_hosts --results=experiments/results/hetero_hosts.md
+	$(PY) experiments/bench_hetero.py --cpu=1,0.85,0.1 --rates=unlimited,unlimited,100 --steps=200 \
+	  --workdir=workdir/hetero_hosts_link --results=experiments/results/hetero_hosts_link.md
 
 # jaxdist beside PyTorch DDP on the digits CNN: jaxdist's half, and DDP's beside it with
 # TORCH_PYTHON=path/to/torchenv/bin/python (a separate venv with torch; never this one)
