@@ -86,21 +86,25 @@ FLAGS = flags.FLAGS
 SINGLE_THREAD = '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
 
 
-def _per_host(values: list[str], k: int, parse) -> list:
-  out = [parse(v) for v in values]
+def _per_host(flag: str, values: list[str], k: int, unlimited: str) -> list:
+  """One value per host from a list flag: numbers > 0, or `unlimited` for none."""
+  try:
+    out = [None if v == unlimited else float(v) for v in values]
+  except ValueError:
+    raise app.UsageError(f"--{flag}: give numbers > 0 or '{unlimited}', got {values}") from None
+  if any(v is not None and v <= 0 for v in out):
+    raise app.UsageError(f"--{flag}: give numbers > 0 or '{unlimited}', got {values}")
   if len(out) == 1:
     return out * k
   if len(out) != k:
-    raise app.UsageError(f'give one value or one per host ({k}), got {values}')
+    raise app.UsageError(f'--{flag}: give one value or one per host ({k}), got {values}')
   return out
 
 
 def hosts_of() -> tuple[int, list, list]:
   """(k, each host's CPU share or None, each link's rate or None) from the flags."""
   k = len(FLAGS.cpu)
-  cpu = _per_host(FLAGS.cpu, k, lambda v: None if v == 'none' else float(v))
-  rates = _per_host(FLAGS.rates, k, lambda v: None if v == 'unlimited' else float(v))
-  return k, cpu, rates
+  return k, _per_host('cpu', FLAGS.cpu, k, 'none'), _per_host('rates', FLAGS.rates, k, 'unlimited')
 
 
 def _env() -> dict:
@@ -192,9 +196,9 @@ def measure(group, names: list[str], k: int, cpu: list, rates: list) -> None:
 
 def main(argv):
   del argv
+  k, cpu, rates = hosts_of()  # before jax starts: a bad flag fails at once
   from jaxdist.train import compare, report
 
-  k, cpu, rates = hosts_of()
   group = compare.load_group(FLAGS.variants)
   names = FLAGS.only or list(group.variants)
   if group.settings.get('workers') != k:

@@ -6,6 +6,8 @@ figures they feed are checked against hand-computed values on made-up records.
 
 import math
 import os
+import re
+import subprocess
 import sys
 
 import numpy as np
@@ -96,3 +98,23 @@ def test_targets_hold_or_not_by_the_figures():
   assert got['dynamic batching (micro-batches)'] == ('0.55x', 'holds')
   assert got['dynamic batching'] == ('0.20 pp', 'holds')
   assert not math.isnan(float(got['dynamic batching'][0].split()[0]))
+
+
+@pytest.mark.parametrize(
+  'args, message',
+  [
+    (['--cpu=1,0.5'], r"--cpu names 2 hosts: the variants' settings must give 2 workers"),
+    (['--rates=100,unlimited'], r"--rates: give one value or one per host \(3\), got \['100'"),
+    (['--cpu=1,fast,1'], r"--cpu: give numbers > 0 or 'none', got \['1', 'fast', '1'\]"),
+    (['--rates=0'], r"--rates: give numbers > 0 or 'unlimited', got \['0'\]"),
+  ],
+)
+def test_bad_flags_stop_the_bench_before_it_builds_anything(tmp_path, args, message):
+  run = subprocess.run(
+    [sys.executable, os.path.join(REPO, 'experiments', 'bench_hetero.py'), *args,
+     f'--workdir={tmp_path}', '--tables_only'],
+    capture_output=True, text=True, timeout=120, cwd=REPO,
+  )  # fmt: skip
+  assert run.returncode != 0
+  assert re.search(message, run.stderr + run.stdout), run.stderr[-2000:]
+  assert not os.listdir(tmp_path)  # nothing written
