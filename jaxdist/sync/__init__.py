@@ -26,7 +26,13 @@ from jaxdist.sync.compressed import CompressedState, compressed_allreduce
 from jaxdist.sync.deferred import DeferredExchange
 from jaxdist.sync.delay_tolerant import DelayedState, cd_sgd, od_sgd, ssd_sgd
 from jaxdist.sync.demo import DeMoState, demo
-from jaxdist.sync.diloco import DiLoCoState, EagerDiLoCoState, diloco, diloco_exchange
+from jaxdist.sync.diloco import (
+  DiLoCoState,
+  EagerDiLoCoState,
+  StepsDiLoCoState,
+  diloco,
+  diloco_exchange,
+)
 from jaxdist.sync.finite import SkipNonfiniteState, all_finite, skip_nonfinite
 from jaxdist.sync.gossip import GossipState, gossip, mixing_matrix
 from jaxdist.sync.hitopk import HiTopKState, hitopk_allreduce
@@ -54,7 +60,7 @@ from jaxdist.sync.streaming_diloco import (
   streaming_exchange,
 )
 from jaxdist.sync.tick_tock import TickTockState, tick_tock
-from jaxdist.sync.weighted import WeightedState, weighted_allreduce
+from jaxdist.sync.weighted import WeightedState, sit_out, weighted_allreduce
 from jaxdist.sync.zero_one_adam import ZeroOneAdamState, zero_one_adam
 
 __all__ = [
@@ -81,6 +87,7 @@ __all__ = [
   'SkipNonfiniteState',
   'SpikeState',
   'StaleState',
+  'StepsDiLoCoState',
   'StreamingDiLoCoState',
   'TickTockState',
   'WeightedState',
@@ -112,6 +119,7 @@ __all__ = [
   'powersgd',
   'quantized_allreduce',
   'selsync',
+  'sit_out',
   'skip_nonfinite',
   'sma',
   'sparseloco',

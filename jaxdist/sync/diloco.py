@@ -17,6 +17,7 @@ from jax import lax
 from jaxdist import comm
 from jaxdist.sync import _averaging, _checks
 from jaxdist.sync.deferred import DeferredExchange, check_exchange
+from jaxdist.sync.weighted import COUNT_BYTES
 
 
 class DiLoCoState(NamedTuple):
@@ -43,6 +44,31 @@ class DiLoCoState(NamedTuple):
   averager: Any
   wire: tuple
   just_synced: jax.Array
+
+
+class StepsDiLoCoState(NamedTuple):
+  """State of `diloco(by_steps=True)`.
+
+  Attributes:
+    count: inner steps so far (the workers' slots, taken or sat out). Replicated.
+    synced: outer steps so far. Replicated.
+    anchor: the outer (global) parameters. Replicated.
+    outer_state: the outer optimizer's state. Replicated.
+    wire: the all-reduce of the weighted pseudo-gradient and its weight.
+      Per-worker.
+    just_synced: whether the last update was an outer step. Replicated.
+    taken: the inner steps this worker took since the last outer step (those
+      with a weight > 0). Per-worker.
+  """
+
+  SYNCED_MODEL = ('anchor', 'just_synced')  # what `jd.sync.apply_updates` puts in
+  count: jax.Array
+  synced: jax.Array
+  anchor: Any
+  outer_state: Any
+  wire: tuple
+  just_synced: jax.Array
+  taken: jax.Array
 
 
 class EagerDiLoCoState(NamedTuple):
@@ -84,6 +110,7 @@ def diloco(
   averager: optax.GradientTransformation | None = None,
   eager: bool = False,
   exchange: str = 'inline',
+  by_steps: bool = False,
 ) -> optax.GradientTransformation:
   """DiLoCo: local inner steps, then an outer step on the averaged pseudo-gradient.
 
@@ -114,6 +141,8 @@ def diloco(
     exchange: with `eager`, 'inline' (the step averages) or 'deferred' (the
       step keeps Δ_m in `pending` and sends nothing; `diloco_exchange` says
       how to average it outside the step, before the next outer step).
+    by_steps: weight each worker's pseudo-gradient by the inner steps it
+      took (below); the state is then a `StepsDiLoCoState`.
 
   With `eager`, the average of round r's pseudo-gradients is not waited for:
   worker m's outer step at the end of round r takes
@@ -131,6 +160,18 @@ def diloco(
   and tables) is silent: before the first outer step Δ̄^0 = Δ_m^0 = 0, so
   the first takes Δ_m^1 / N; the outer state is per worker; the averager is
   one dense all-reduce.
+
+  With `by_steps`, workers of unequal speed each take the inner steps that
+  fit in a round's wall-clock window (heterogeneity-aware DiLoCo, as issue 47
+  reads it: prime's and HeLoCo's write-ups, arXiv 2606.00271, state no
+  per-worker rule): a worker sits out an inner step by training on no
+  examples, the step's optax extra argument `weight` 0 (a counted step's
+  count; with micro-batches it computes nothing), its inner optimizer
+  wrapped in `jd.sync.sit_out` so its model stays. The outer step averages
+  Δ = Σ_n h_n (a − w_n) / Σ_n h_n, h_n the steps worker n took this round:
+  one all-reduce of h_n (a − w_n) and h_n. With every worker taking every
+  step it is plain DiLoCo's mean (to float rounding). Dense all-reduce only
+  (no averager), not with `eager`.
 
   Returns:
     An `optax.GradientTransformation`; put it after the inner optimizer.
@@ -155,6 +196,13 @@ def diloco(
   _averaging.check_averager(averager)
   outer = outer_optimizer or optax.sgd(0.7, momentum=0.9, nesterov=True)
   deferred = check_exchange(exchange, eager, averager, 'eager=True')
+  if by_steps:
+    if eager or averager is not None or deferred:
+      raise ValueError(
+        'diloco(by_steps=True) weights the pseudo-gradients by the steps taken in one dense '
+        'all-reduce, inline: not with eager, exchange or an averager'
+      )
+    return _by_steps(outer, period, axis_name)
   if eager:
     if averager is not None:
       raise ValueError('diloco(eager=True) averages with one dense all-reduce; pass averager=None')
@@ -176,6 +224,49 @@ def diloco(
     return updates, DiLoCoState(count, synced, anchor, outer_state, avg_state, wire, due)
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _by_steps(outer: optax.GradientTransformation, period: int, axis_name):
+  """`diloco(by_steps=True)`'s transform (see `diloco`)."""
+
+  def init_fn(params):
+    fields = _averaging.init_sync(params, None)
+    del fields['averager']  # one dense all-reduce, of the tree and its weight
+    wire = (comm.transfer(comm.ALL_REDUCE, comm.tree_nbytes(params) + COUNT_BYTES, 0),)
+    taken = jnp.zeros([], jnp.int32)
+    return StepsDiLoCoState(**fields | dict(outer_state=outer.init(params), wire=wire, taken=taken))
+
+  def sync(params, updates, anchor, outer_state, wire, taken):
+    pseudo = optax.tree.sub(anchor, optax.apply_updates(params, updates))  # a − w_n
+    h = taken.astype(jnp.float32)
+    scaled = jax.tree.map(lambda d: d * h.astype(d.dtype), pseudo)
+    (total, steps), sent = comm.psum((scaled, h), axis_name)
+    safe = jnp.where(steps > 0, steps, 1.0)
+    mean = jax.tree.map(lambda t: t / safe.astype(t.dtype), total)
+    anchor, outer_state = outer_step(outer, mean, outer_state, anchor)
+    return optax.tree.sub(anchor, params), anchor, outer_state, (comm.ran(sent, 1),)
+
+  def skip(params, updates, anchor, outer_state, wire, taken):
+    del params, taken
+    return updates, anchor, outer_state, comm.silence(wire)
+
+  def update_fn(updates, state, params=None, *, weight=None, **extra_args):
+    del extra_args
+    _checks.needs_params('diloco', params)
+    if weight is None:
+      raise ValueError(
+        'diloco(by_steps=True) counts the steps each worker takes: call update(updates, state, '
+        "params, weight=b) with the worker's examples this step (0: it sat the step out)"
+      )
+    taken = state.taken + (jnp.asarray(weight) > 0).astype(jnp.int32)
+    due = comm.agree((state.count + 1) % period == 0, axis_name)
+    args = (params, updates, state.anchor, state.outer_state, state.wire, taken)
+    updates, anchor, outer_state, wire = lax.cond(due, sync, skip, *args)
+    count, synced = _averaging.counted(state, due)
+    taken = jnp.where(due, 0, taken)
+    return updates, StepsDiLoCoState(count, synced, anchor, outer_state, wire, due, taken)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def _eager(outer: optax.GradientTransformation, period: int, axis_name, deferred: bool):

@@ -82,3 +82,43 @@ def weighted_allreduce(*, axis_name: comm.AxisName) -> optax.GradientTransformat
     return mean, WeightedState(wire)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def sit_out(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
+  """`inner` (an optimizer), on a step where the worker trains on no examples: nothing.
+
+  A worker that takes fewer inner steps than the others (heterogeneity-aware
+  DiLoCo, `diloco(by_steps=True)`) sits the rest out: the step's optax extra
+  argument `weight` (its examples, as a counted step passes it) is 0. Then
+  the update is zero and the state stays as it was, so a momentum does not
+  move the model and Adam's moments and step count do not advance; with
+  weight > 0, or none given, it is `inner`'s. `inner` runs either way (its
+  result is dropped), so the step's program is the same for every worker.
+
+  Args:
+    inner: the optax transformation to sit out.
+
+  Returns:
+    An `optax.GradientTransformationExtraArgs`: put it where `inner` was.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> tx = sit_out(optax.sgd(1.0, momentum=0.5))
+    >>> g = {'x': jnp.array(1.0)}
+    >>> u, s = tx.update(g, tx.init(g), weight=3)
+    >>> u0, s0 = tx.update(g, s, weight=0)  # sat out: no update, the momentum kept
+    >>> float(u['x']), float(u0['x']), bool(s0[0].trace['x'] == s[0].trace['x'])
+    (-1.0, 0.0, True)
+  """
+  inner = optax.with_extra_args_support(inner)
+
+  def update_fn(updates, state, params=None, *, weight=None, **extra_args):
+    new_updates, new_state = inner.update(updates, state, params, **extra_args)
+    if weight is None:
+      return new_updates, new_state
+    active = jnp.asarray(weight) > 0
+    new_updates = jax.tree.map(lambda u: jnp.where(active, u, jnp.zeros_like(u)), new_updates)
+    new_state = jax.tree.map(lambda n, o: jnp.where(active, n, o), new_state, state)
+    return new_updates, new_state
+
+  return optax.GradientTransformationExtraArgs(inner.init, update_fn)
