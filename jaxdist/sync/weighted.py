@@ -109,6 +109,10 @@ def sit_out(inner: optax.GradientTransformation) -> optax.GradientTransformation
     >>> u0, s0 = tx.update(g, s, weight=0)  # sat out: no update, the momentum kept
     >>> float(u['x']), float(u0['x']), bool(s0[0].trace['x'] == s[0].trace['x'])
     (-1.0, 0.0, True)
+
+  References:
+    HeLoCo: heterogeneous workers in DiLoCo (the window of steps a round).
+    2026. https://arxiv.org/abs/2606.00271
   """
   inner = optax.with_extra_args_support(inner)
 
