@@ -17,7 +17,7 @@ from jax import lax
 from jaxdist import comm
 from jaxdist.sync import _averaging, _checks
 from jaxdist.sync.deferred import DeferredExchange, check_exchange
-from jaxdist.sync.weighted import COUNT_BYTES
+from jaxdist.sync.weighted import COUNT_BYTES, weighted_mean
 
 
 class DiLoCoState(NamedTuple):
@@ -238,11 +238,7 @@ def _by_steps(outer: optax.GradientTransformation, period: int, axis_name):
 
   def sync(params, updates, anchor, outer_state, wire, taken):
     pseudo = optax.tree.sub(anchor, optax.apply_updates(params, updates))  # a − w_n
-    h = taken.astype(jnp.float32)
-    scaled = jax.tree.map(lambda d: d * h.astype(d.dtype), pseudo)
-    (total, steps), sent = comm.psum((scaled, h), axis_name)
-    safe = jnp.where(steps > 0, steps, 1.0)
-    mean = jax.tree.map(lambda t: t / safe.astype(t.dtype), total)
+    mean, sent = weighted_mean(pseudo, taken.astype(jnp.float32), axis_name)  # by h_n
     anchor, outer_state = outer_step(outer, mean, outer_state, anchor)
     return optax.tree.sub(anchor, params), anchor, outer_state, (comm.ran(sent, 1),)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,23 @@ class WeightedState(NamedTuple):
   """
 
   wire: comm.Transfer
+
+
+def weighted_mean(tree: Any, weight: jax.Array, axis_name: comm.AxisName) -> tuple[Any, Any]:
+  """Σ_k w_k x_k / Σ_k w_k over `axis_name` in one all-reduce of w_k x_k and w_k; 0 if Σ w = 0.
+
+  Args:
+    tree: this worker's x_k.
+    weight: its w_k, a float32 scalar.
+    axis_name: the worker axis (or tuple of axes).
+
+  Returns:
+    (the weighted mean, in each leaf's dtype; the all-reduce's `comm.Transfer`).
+  """
+  scaled = jax.tree.map(lambda x: x * weight.astype(x.dtype), tree)
+  (total, weights), wire = comm.psum((scaled, weight), axis_name)
+  safe = jnp.where(weights > 0, weights, 1.0)
+  return jax.tree.map(lambda t: (t / safe.astype(t.dtype)).astype(t.dtype), total), wire
 
 
 def weighted_allreduce(*, axis_name: comm.AxisName) -> optax.GradientTransformationExtraArgs:
@@ -75,10 +92,7 @@ def weighted_allreduce(*, axis_name: comm.AxisName) -> optax.GradientTransformat
     b = jnp.asarray(weight, jnp.float32)
     if b.ndim:
       raise ValueError(f'weight must be a scalar per worker, got shape {b.shape}')
-    scaled = jax.tree.map(lambda g: g * b.astype(g.dtype), updates)
-    (total, count), wire = comm.psum((scaled, b), axis_name)  # one all-reduce: b_k g_k and b_k
-    safe = jnp.where(count > 0, count, 1.0)
-    mean = jax.tree.map(lambda s: (s / safe.astype(s.dtype)).astype(s.dtype), total)
+    mean, wire = weighted_mean(updates, b, axis_name)
     return mean, WeightedState(wire)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
