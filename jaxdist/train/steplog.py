@@ -135,7 +135,8 @@ class StepLog:
     self._pending: list[list[Any]] = []  # [step, device metrics, plan, step_s, extra fields]
     self._inflight: tuple[list[list[Any]], Any] | None = None  # dispatched, not yet read
     self._last_done: float | None = None
-    self.host_times: list[list[Any]] = []  # [step, step_s, host_wait_s] on this process
+    # [step, step_s, host_wait_s] on this process, kept only where `close` writes them
+    self.host_times: list[list[Any]] | None = [] if jax.process_count() > 1 else None
     self.host_compute_s = host_compute_s  # this process's own compute term, if it measured one
 
   def push(self, step: int, device_metrics: Any, plan: control.Plan | None = None) -> None:
@@ -197,7 +198,8 @@ class StepLog:
       'step_s': None if first else now - self._last_done,
       'host_wait_s': None if first else now - tick,
     }
-    self.host_times.append([self._pending[-1][0], times['step_s'], times['host_wait_s']])
+    if self.host_times is not None:
+      self.host_times.append([self._pending[-1][0], times['step_s'], times['host_wait_s']])
     self._last_done = now
 
   def close(self) -> None:
@@ -211,7 +213,7 @@ class StepLog:
     (`experiments/bench_hetero.py`).
     """
     self.writer.close()
-    if jax.process_count() == 1:
+    if self.host_times is None:
       return
     index = jax.process_index()
     folder = os.path.join(os.path.dirname(self.writer.path), HOSTS_DIR)
