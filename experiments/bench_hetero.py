@@ -83,8 +83,6 @@ flags.DEFINE_integer('calibration_steps', 40, "Steps of each host's calibration 
 flags.DEFINE_bool('tables_only', False, 'Redo the tables from the runs in --workdir.')
 FLAGS = flags.FLAGS
 
-SINGLE_THREAD = '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
-
 
 def _per_host(flag: str, values: list[str], k: int, unlimited: str) -> list:
   """One value per host from a list flag: numbers > 0, or `unlimited` for none."""
@@ -111,8 +109,7 @@ def _env() -> dict:
   """One XLA thread a process, and one compilation cache for all: a host on a small share
   reads the programs a faster one compiled (jax writes the cache from process 0 only, so the
   fastest host is best first in --cpu)."""
-  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
-  env['XLA_FLAGS'] = f'{env.get("XLA_FLAGS", "")} {SINGLE_THREAD}'.strip()
+  env = netns.run_env(ROOT, single_thread=True)
   env.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.abspath(os.path.join(FLAGS.workdir, 'xla')))
   env.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
   return env

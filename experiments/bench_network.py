@@ -128,16 +128,10 @@ def profile(rate: str) -> str | None:
   return f'{float(rate) / 1000:g}gbps@{FLAGS.latency_us:g}us'
 
 
-SINGLE_THREAD = '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
-
-
 def _env() -> dict:
   """This environment, with jaxdist's checkout first on PYTHONPATH (and one XLA thread a
   process with --single_thread_hosts)."""
-  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
-  if FLAGS.single_thread_hosts:
-    env['XLA_FLAGS'] = f'{env.get("XLA_FLAGS", "")} {SINGLE_THREAD}'.strip()
-  return env
+  return netns.run_env(ROOT, FLAGS.single_thread_hosts)
 
 
 def _folder(k: int, rate: str) -> str:

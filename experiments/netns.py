@@ -270,6 +270,18 @@ class Hosts:
     return fitted | {'profile': spec}
 
 
+SINGLE_THREAD = '--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1'
+
+
+def run_env(root: str, single_thread: bool) -> dict:
+  """This environment for the hosts' runs: the checkout at `root` first on PYTHONPATH, and with
+  `single_thread` one XLA thread a process (a host's CPU share is then what it computes with)."""
+  env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get('PYTHONPATH', ''))
+  if single_thread:
+    env['XLA_FLAGS'] = f'{env.get("XLA_FLAGS", "")} {SINGLE_THREAD}'.strip()
+  return env
+
+
 def flags_of(overrides: dict, prefix: str = 'config') -> list[str]:
   """A variant's nested overrides as `--config.a.b=value` flags, for the runs on the hosts."""
   out = []
