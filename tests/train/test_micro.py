@@ -78,14 +78,19 @@ def test_one_step_is_sgd_on_every_counted_example_at_once():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **TOL), got, every)
 
 
-def test_each_device_loops_over_its_own_count_of_micro_batches():
-  """The compiled step holds a while loop, its trip count the worker's count (not b_max / m)."""
-  model = jd.models.get('mlp', num_classes=10)
+def _lowered_args(model_name):
+  """(model, workers, chain, fresh state, one step's [x, y, counts]) on 8 devices."""
+  model = jd.models.get(model_name, num_classes=10)
   workers = runtime.layout(8, devices=8)
   tx = _tx(workers)
   state = step_lib.make_init(model, tx, workers, (8, 8, 1))(jax.random.key(0))
   x, y = next(_batches((8, 8, 1)))
-  args = [jax.device_put(a, workers.sharding) for a in (x, y, COUNTS)]
+  return model, workers, tx, state, [jax.device_put(a, workers.sharding) for a in (x, y, COUNTS)]
+
+
+def test_each_device_loops_over_its_own_count_of_micro_batches():
+  """The compiled step holds a while loop, its trip count the worker's count (not b_max / m)."""
+  model, workers, tx, state, args = _lowered_args('mlp')
   lower = lambda m: step_lib.make_train_step(model, tx, workers, counted=True, micro_batch=m)
   micro = lower(MICRO).lower(state, *args).compile().as_text()
   masked = lower(0).lower(state, *args).compile().as_text()
@@ -105,22 +110,16 @@ def test_bad_micro_batches_are_refused():
     step_lib.make_train_step(model, tx, workers, micro_batch=4)
   with pytest.raises(ValueError, match='micro-batches cut a counted step'):
     step_lib.make_train_step(model, tx, workers, counted=True, micro_batch=-1)
-  state = step_lib.make_init(model, tx, workers, (8, 8, 1))(jax.random.key(0))
+  _, _, _, state, args = _lowered_args('mlp')
   step = step_lib.make_train_step(model, tx, workers, counted=True, micro_batch=5)
-  x, y = next(_batches((8, 8, 1)))
   with pytest.raises(ValueError, match='divide the 12 examples a worker holds, got 5'):
-    step(state, *(jax.device_put(a, workers.sharding) for a in (x, y, COUNTS)))
+    step(state, *args)
 
 
 def test_the_loop_s_convolutions_are_in_the_layout_xla_cpu_calls_eigen_for():
   """XLA's CPU backend canonicalises convolutions only outside loops: in the micro-batch loop
   they are rewritten (`xla_cpu.conv_rule`), else they ran 10x slower (naive loops)."""
-  model = jd.models.get('cnn', num_classes=10)
-  workers = runtime.layout(8, devices=8)
-  tx = _tx(workers)
-  state = step_lib.make_init(model, tx, workers, (8, 8, 1))(jax.random.key(0))
-  x, y = next(_batches((8, 8, 1)))
-  args = [jax.device_put(a, workers.sharding) for a in (x, y, COUNTS)]
+  model, workers, tx, state, args = _lowered_args('cnn')
   step = step_lib.make_train_step(model, tx, workers, counted=True, micro_batch=MICRO)
   text = step.lower(state, *args).compile().as_text()
   labels = re.findall(r'convolution\(.*?dim_labels=(\S+?),', text)
