@@ -31,7 +31,8 @@ workers' vote on their smoothed compression gains.
 
 The trainer runs them through one interface, `host.Controller` (`init`,
 `plan(state, t) -> Plan`, `observe(state, record)`): `batches` (per-worker
-batches: static, dynamic, streamed, dropped workers), and `gravac_control`,
+batches: static, dynamic, streamed, dropped workers, and heterogeneity-aware
+DiLoCo's `Window` of inner steps a round), and `gravac_control`,
 `scadles_control` and `adopt_control` (`ratio`: the compression ratio of
 each step), combined by `chain`.
 """
@@ -39,7 +40,7 @@ each step), combined by `chain`.
 from jaxdist.control import host, scavenger
 from jaxdist.control.adopt import ADOPT, AdoptState, adopt
 from jaxdist.control.adopt import CANDIDATES as ADOPT_CANDIDATES
-from jaxdist.control.batching import batches
+from jaxdist.control.batching import Window, batches
 from jaxdist.control.dynamic_batching import (
   DynamicBatching,
   DynamicBatchingState,
@@ -82,6 +83,7 @@ __all__ = [
   'ScaDLESState',
   'StreamState',
   'Streams',
+  'Window',
   'adopt',
   'adopt_control',
   'allocate',

@@ -38,10 +38,7 @@ from jaxdist.train.config_files import config_path, find, parse_arg  # noqa: F40
 
 
 def _int() -> config_dict.FieldReference:
-  """An int argument whose default is None: a flag can set it (not so a plain None).
-
-  A new reference each time: ml_collections links the fields that share one.
-  """
+  """An int argument whose default is None that a flag can set (a new reference each time)."""
   return config_dict.placeholder(int)
 
 
@@ -91,9 +88,10 @@ def _compressed_allreduce() -> dict[str, Any]:
 
 def _diloco_family(s: ml_collections.ConfigDict) -> None:
   """The sections of DiLoCo and its descendants in `config.sync` (`sync` stays short)."""
-  # eager: Kale et al.'s eager updates; exchange: inline | deferred (eager only: on its own thread)
+  # eager: Kale et al.'s eager updates; exchange: inline | deferred (eager only: on its own thread);
+  # by_steps: the outer mean weighted by the inner steps each worker took (with batching='window')
   s.diloco = dict(
-    period=4, averager='', eager=False, exchange='inline',
+    period=4, averager='', eager=False, exchange='inline', by_steps=False,
     outer_optimizer=optimizer('sgd', 0.7, momentum=0.9, nesterov=True),  # schedule: outer steps
   )  # fmt: skip
   # Streaming DiLoCo: `fragments` fragments, each synchronised every `period` steps, staggered
@@ -297,6 +295,7 @@ def batching() -> dict[str, Any]:
   # computed, masked, or with micro_batch=m > 0 only the ⌈b_k / m⌉ micro-batches holding them.
   # 'stream': ScaDLES's stream-proportional batches (config.cluster.stream_rates, config.streams),
   # weighted b_k / Σb, the lr scaled by Σb / B; with stream rates, 'uniform' waits for B / K.
+  # 'window' (sync.diloco): B / K on the inner steps of a round that fit a worker's window, else 0.
   return dict(
     batching='uniform',
     dynamic_batching=dict(

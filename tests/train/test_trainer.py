@@ -228,7 +228,8 @@ def test_micro_batched_dynamic_batches_train_like_uniform_ones(tmp_path, data_di
   assert [r['batches'] for r in micro[1]] == [[32, 32, 32]] * 2 + [[8, 40, 48]] * 2
   bad = [
     (dict(batching='uniform'), r"micro_batch=8: micro-batches .* serve batching='static'"),
-    (dict(batching='static', **{'dynamic_batching.b_max': 60}), r'must divide b_max \(60\)'),
+    (dict(batching='static', **{'dynamic_batching.b_max': 60}),
+     r'must divide the examples a worker holds \(60\)'),
   ]  # fmt: skip
   for overrides, message in bad:
     config = config_lib.base()
@@ -303,6 +304,12 @@ def test_streams_and_partitions_fail_clearly_naming_the_key(tmp_path, data_dir, 
                                 'streams.b_max': 40}), r'config.streams: .*b_min'),
     (dict(batching='stream', **{'cluster.stream_rates': 'S10', 'streams.buffer': 'forever'}),
      r'config.streams: .*buffer'),
+    (dict(batching='window', **{'cluster.speeds': '1,1,0.5'}), r'needs sync.method=diloco'),
+    ({'sync.method': 'diloco', 'sync.diloco.by_steps': True},
+     r"by_steps weights the outer mean .* give batching='window'"),
+    (dict(batching='window', **{'cluster.speeds': '1,1,0.5', 'sync.method': 'diloco',
+                                'dynamic_batching.micro_batch': 5}),
+     r'micro_batch=5 must divide the examples a worker holds \(32\)'),
     ({'cluster.stream_rates': 'S99'}, r'config.cluster.stream_rates must be comma-separated'),
     ({'cluster.stream_rates': '10,20'}, r'config.cluster: stream_rates has 2 workers'),
     ({'cluster.stream_rates': '10,-1,5'}, r'stream_rates must all be >= 0'),

@@ -196,7 +196,7 @@ def _check_network(config) -> None:
 
 def _held(config, per_worker: int) -> int:
   """Examples each worker holds per step: its batch, or b_max with per-worker batches."""
-  if config.batching == 'uniform':
+  if config.batching in ('uniform', 'window'):
     return per_worker
   section = config.streams if config.batching == 'stream' else config.dynamic_batching
   return section.b_max or config.batch_size

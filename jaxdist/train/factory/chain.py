@@ -360,6 +360,25 @@ def check_per_worker(config) -> None:
     )
 
 
+def sits_out(config) -> bool:
+  """Whether the local optimizer is wrapped in `jd.sync.sit_out`: with heterogeneity-aware
+  DiLoCo (`batching='window'`, `sync.diloco.by_steps`) a worker training on no examples takes no
+  inner step.
+
+  Raises:
+    ValueError: `by_steps` where every worker takes every step (plain DiLoCo's mean).
+  """
+  if config.sync.method != 'diloco':
+    return False
+  window, by_steps = config.batching == 'window', bool(config.sync.diloco.by_steps)
+  if by_steps and not (window or str(config.fault.drop).strip()):
+    raise ValueError(
+      'config.sync.diloco.by_steps weights the outer mean by the inner steps each worker took: '
+      "give batching='window' (or fault.drop); with every step taken it is plain DiLoCo"
+    )
+  return window or by_steps
+
+
 def build_chain(
   config, workers: runtime.Workers
 ) -> tuple[optax.GradientTransformation | step_lib.SplitChain, Any]:
@@ -389,6 +408,8 @@ def build_chain(
     opt = optax.scale_by_learning_rate(schedule)
   tx = sync_transform(config, workers, opt, schedule)
   if row.optimizer == 'after':
+    if sits_out(config):  # a worker out of its window (or dropped) keeps its model and state
+      opt = sync.sit_out(opt)
     return optax.chain(opt, tx), schedule
   if row.optimizer in ('in', 'own'):
     return tx, schedule

@@ -92,17 +92,19 @@ def waiting_rule(config, num_workers: int) -> dict[str, Any]:
   return methods.get(method).wait(config.sync[method], num_workers)
 
 
-BATCHING = ('uniform', 'static', 'dynamic', 'stream')
+BATCHING = ('uniform', 'static', 'dynamic', 'stream', 'window')
 
 
 def build_batching(
   config, cluster: netmodel.Cluster | None
-) -> control.DynamicBatching | control.Streams | None:
+) -> control.DynamicBatching | control.Streams | control.Window | None:
   """The batch-size controller `config.batching` asks for (None: uniform batches).
 
   Streams (`config.cluster.stream_rates`) give a `control.Streams`: with
   'stream', ScaDLES's stream-proportional batches; with 'uniform', the fixed
-  B / K of the paper's baseline (every worker waits for its data).
+  B / K of the paper's baseline (every worker waits for its data). 'window'
+  gives heterogeneity-aware DiLoCo's `control.Window` of `sync.diloco.period`
+  inner steps.
 
   Args:
     config: the run's config.
@@ -132,6 +134,13 @@ def build_batching(
       f"config.batching={mode!r} sizes batches by the workers' speeds: describe them in "
       'config.cluster (speeds or cores)'
     )
+  if mode == 'window':
+    if config.sync.method != 'diloco' or rates:
+      raise ValueError(
+        "config.batching='window' fits each worker's inner steps of a DiLoCo round to its "
+        f'speed: it needs sync.method=diloco and no stream rates, got {config.sync.method!r}'
+      )
+    return control.Window(int(config.sync.diloco.period))
   if mode != 'uniform' and config.sync.method != 'allreduce':
     raise ValueError(
       f'config.batching={mode!r} averages gradients with weights b_k / Σb: it needs '
@@ -164,6 +173,9 @@ def build_batching(
 def micro_batch(config) -> int:
   """`config.dynamic_batching.micro_batch`, checked: 0, or m dividing every batch a worker holds.
 
+  With `batching='window'` it defaults to B / K, one micro-batch: a step a
+  worker sits out computes nothing.
+
   Args:
     config: the run's config.
 
@@ -171,19 +183,22 @@ def micro_batch(config) -> int:
     m (0: the masked pass over all held examples).
   """
   m = int(config.dynamic_batching.micro_batch or 0)
-  if not m:
+  uniform = config.batch_size // config.workers
+  window = config.batching == 'window'
+  if window:
+    m = m or uniform
+  elif not m:
     return 0
-  if m < 0 or config.batching not in ('static', 'dynamic'):
+  if m < 0 or config.batching not in ('static', 'dynamic', 'window'):
     raise ValueError(
       f'config.dynamic_batching.micro_batch={m}: micro-batches of m >= 1 examples serve '
-      f"batching='static' or 'dynamic' (got {config.batching!r}); 0 turns them off"
+      f"batching='static', 'dynamic' or 'window' (got {config.batching!r}); 0 turns them off"
     )
-  held = config.dynamic_batching.b_max or config.batch_size
-  uniform = config.batch_size // config.workers
+  held = uniform if window else config.dynamic_batching.b_max or config.batch_size
   if held % m or uniform % m:
     raise ValueError(
-      f'config.dynamic_batching.micro_batch={m} must divide b_max ({held}) and the uniform '
-      f'batch B / K ({uniform}): each worker holds whole micro-batches'
+      f'config.dynamic_batching.micro_batch={m} must divide the examples a worker holds '
+      f'({held}) and the uniform batch B / K ({uniform}): each worker holds whole micro-batches'
     )
   return m
 
