@@ -54,13 +54,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import netns  # noqa: E402  (experiments/netns.py, beside this script)
 from hetero_report import (  # noqa: E402
   HOST_COLUMNS,
-  RUN_COLUMNS,
   TARGET_COLUMNS,
   collect,
   equalising,
   figure,
   final,
   host_rows,
+  run_columns,
   run_rows,
   target_rows,
 )
@@ -70,10 +70,11 @@ flags.DEFINE_list('rates', ['unlimited'], "Link rates in Mbit/s or 'unlimited': 
 flags.DEFINE_string('config', 'configs/digits.py', 'Config every run trains.')
 flags.DEFINE_string('variants', 'configs/variants/hetero_hosts.py', 'Variants file.')
 flags.DEFINE_list('only', None, 'Variants to run (default: the whole file).')
-flags.DEFINE_integer('steps', 200, 'Training steps per run.')
+flags.DEFINE_integer('steps', 200, "Training steps per run (a variant's own `steps` first).")
 flags.DEFINE_integer('eval_every', 20, 'Steps between evaluations.')
 flags.DEFINE_integer('skip', 15, 'First steps left out of the means (compiling, warm-up).')
-flags.DEFINE_float('target', None, "Target test accuracy (default: the first variant's final).")
+flags.DEFINE_string('metric', 'test_accuracy', 'Test metric of the target (test_loss: lower).')
+flags.DEFINE_float('target', None, "Target of --metric (default: the first variant's final).")
 flags.DEFINE_string('workdir', 'workdir/bench_hetero', 'Where the runs write.')
 flags.DEFINE_string('results', None, 'Markdown file for the tables (and a .png beside it).')
 flags.DEFINE_integer('timeout_s', 1800, 'The most one run may take (all its processes).')
@@ -118,11 +119,12 @@ def _env() -> dict:
 def run(hosts: netns.Hosts, name: str, overrides: dict, profile: str) -> str:
   """Trains one variant across `hosts`, one worker each; its workdir."""
   workdir = os.path.abspath(os.path.join(FLAGS.workdir, name))
+  steps = overrides.pop('steps', FLAGS.steps)
   base = [
     sys.executable, os.path.join(ROOT, 'experiments', 'train.py'),
     f'--config={os.path.join(ROOT, FLAGS.config)}', f'--workdir={workdir}',
-    f'--config.steps={FLAGS.steps}', '--config.progress=False', '--fresh',
-    f'--config.eval_every={FLAGS.eval_every}', f'--config.checkpoint_every={FLAGS.steps}',
+    f'--config.steps={steps}', '--config.progress=False', '--fresh',
+    f'--config.eval_every={FLAGS.eval_every}', f'--config.checkpoint_every={steps}',
     f'--coordinator_address={hosts.addresses[0]}:23456', f'--num_processes={hosts.k}',
     *netns.flags_of(overrides), f'--config.network.profiles={profile}',
   ]  # fmt: skip
@@ -156,6 +158,21 @@ def calibrate_hosts(hosts: netns.Hosts, config: list[str]) -> list[tuple[float, 
   return [(float(a), float(1 / e)) for a, e in zip(fixed, per_example, strict=True)]
 
 
+def window_of(overrides: dict, lines: list[tuple[float, float]]) -> list[int]:
+  """Heterogeneity-aware DiLoCo's cluster from the calibrated lines (sets `overrides`): speeds
+  v_k examples/s, fixed a_k s a step and a compute term of B / K s (so one example takes a
+  speed-1 worker a second), each step t_k = a_k + (B / K) / v_k; the steps h_k a round."""
+  from jaxdist import control
+
+  per = overrides['batch_size'] // len(lines)
+  fixed, speeds = zip(*lines, strict=True)
+  overrides['cluster'] = {**overrides.get('cluster', {}), 'speeds': ','.join(map(str, speeds)),
+                          'fixed_s': ','.join(map(str, fixed))}  # fmt: skip
+  overrides['network'] = {**overrides.get('network', {}), 'compute_s': float(per)}
+  period = overrides['sync']['diloco']['period']
+  return control.Window(period).steps([a + per / v for a, v in lines]).tolist()
+
+
 def _merged(*trees: dict) -> dict:
   out: dict = {}
   for tree in trees:
@@ -182,6 +199,8 @@ def measure(group, names: list[str], k: int, cpu: list, rates: list) -> None:
         micro = overrides.get('dynamic_batching', {}).get('micro_batch') or 1
         allocations[name] = equalising(lines, overrides['batch_size'], micro)
         overrides['cluster']['speeds'] = ','.join(map(str, allocations[name]))
+      if overrides.get('batching') == 'window':
+        allocations[name] = window_of(overrides, lines)
       start = time.perf_counter()
       run(hosts, name, overrides, fit['profile'])
       print(f'  {name}: {time.perf_counter() - start:.0f} s', flush=True)
@@ -212,19 +231,22 @@ def main(argv):
     n: collect(os.path.abspath(os.path.join(FLAGS.workdir, n)), k, lines, profile, FLAGS.skip)
     for n in calib['names']
   }
-  target = FLAGS.target or final(next(iter(results.values()))['records'])
+  metric = FLAGS.metric
+  target = FLAGS.target or final(next(iter(results.values()))['records'], metric)
   hosts = [row for n, r in results.items() for row in host_rows(n, r, calib['cpu'], calib['rates'])]
-  runs = run_rows(results, target, FLAGS.skip)
-  targets = target_rows(results, runs, ('bsp', 'dynamic_micro', 'local4'))
+  runs = run_rows(results, target, FLAGS.skip, metric)
+  targets = target_rows(results, runs, ('bsp', 'dynamic_micro', 'local4', 'diloco'))
+  windows = {n: h for n, h in calib['allocations'].items() if n in calib['names']}
   title = (
     f'{FLAGS.config} with {FLAGS.variants}, {k} hosts (one worker each), cores '
     f'{calib["cpu"]}, links {calib["rates"]}; each host alone a + b / v with (a ms, v '
     f'examples/s) {[(round(1e3 * a, 1), round(v)) for a, v in lines]}; link fitted {profile}; '
-    f'{FLAGS.steps} steps; target accuracy {target:.4g}'
+    f'{FLAGS.steps} steps unless a variant sets its own; target {metric} {target:.4g}; '
+    f'batches (static) or inner steps a round (window) set from the hosts: {windows}'
   )
   for heading, rows, columns in (
     ('per host', hosts, HOST_COLUMNS),
-    ('per variant', runs, RUN_COLUMNS),
+    ('per variant', runs, run_columns(metric)),
     ('targets', targets, TARGET_COLUMNS),
   ):
     print(f'\n{heading}: {title}\n' + report.table(rows, columns))
@@ -238,7 +260,7 @@ def main(argv):
       'Per host:',
       report.markdown(hosts, HOST_COLUMNS),
       'Per variant:',
-      report.markdown(runs, RUN_COLUMNS),
+      report.markdown(runs, run_columns(metric)),
       'Targets:',
       report.markdown(targets, TARGET_COLUMNS),
     ]

@@ -88,8 +88,8 @@ def test_targets_hold_or_not_by_the_figures():
 
   results = {'bsp': result([1.1, 1.0], [1.0, 1.0]), 'dynamic_micro': result([1.2, 1.0], [1.0, 1.0])}
   runs = [
-    {'variant': 'bsp', 'seconds': 10.0, 'accuracy': 0.96},
-    {'variant': 'dynamic_micro', 'seconds': 5.5, 'accuracy': 0.962},
+    {'variant': 'bsp', 'seconds': 10.0, 'final': 0.96},
+    {'variant': 'dynamic_micro', 'seconds': 5.5, 'final': 0.962},
   ]
   rows = hetero_report.target_rows(results, runs, ('bsp', 'dynamic_micro', 'local4'))
   got = {r['target'].split(':')[0]: (r['figure'], r['holds']) for r in rows}
