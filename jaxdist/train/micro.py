@@ -13,7 +13,12 @@ device runs its own number of trips before the step's collectives: a fast
 host with a large count computes more, a slow one less, and they meet at the
 all-reduce. This is what makes dynamic batching (Tyagi & Sharma 2020) save
 compute on real, unequal hosts; the batch controller then allocates
-multiples of m (`jd.control.dynamic_batching(multiple=m)`).
+multiples of m (`jd.control.dynamic_batching(multiple=m)`). With one
+micro-batch (m the held examples, as heterogeneity-aware DiLoCo's window
+has: B / K or nothing) the loop is a `lax.cond`: XLA hoisted much of a
+one-trip loop's body out of it, so that on the GPT tiny a step of no
+examples took 27 ms of a full step's 65 (one CPU thread), against 1.7 ms
+under the cond.
 
 The gradient, loss and accuracy are those of the masked pass over the first
 count examples, to float32 rounding (the sums are taken micro-batch by
@@ -88,9 +93,12 @@ def gradients(
 
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[0])
   start = (jnp.int32(0), zeros, model_state, jnp.float32(0), jnp.float32(0))
-  _, grads, model_state, loss_sum, hit_sum = jax.lax.while_loop(
-    lambda carry: carry[0] < trips, body, start
-  )
+  if trips_max == 1:
+    _, grads, model_state, loss_sum, hit_sum = jax.lax.cond(trips > 0, body, lambda c: c, start)
+  else:
+    _, grads, model_state, loss_sum, hit_sum = jax.lax.while_loop(
+      lambda carry: carry[0] < trips, body, start
+    )
   total = jnp.maximum(count, 1).astype(jnp.float32)
   grads = jax.tree.map(lambda g: g / total.astype(g.dtype), grads)
   return grads, model_state, loss_sum / total, hit_sum / total if scored else None
