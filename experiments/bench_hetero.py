@@ -16,7 +16,7 @@ Calibration, on the same hosts:
   alone (one process, one worker, no collectives) at two batch sizes
   (`--calibrate_batches`), and the line through their median steps gives its
   fixed seconds a step a_k (the loop on the host, dispatch: on a small share
-  they are tens of ms) and its examples a second v_k.
+  they are tens of ms) and its examples a second v_k (`host_line`).
 
 Dynamic batching's allocation (Tyagi & Sharma 2020 §III-B, static by
 throughput) is the one that equalises the calibrated lines: micro-batch by
@@ -59,6 +59,7 @@ from hetero_report import (  # noqa: E402
   equalising,
   figure,
   final,
+  host_line,
   host_rows,
   run_columns,
   run_rows,
@@ -153,9 +154,7 @@ def calibrate_hosts(hosts: netns.Hosts, config: list[str]) -> list[tuple[float, 
       ) for i in range(hosts.k)
     ])  # fmt: skip
   (b1, b2), (t1, t2) = [int(b) for b in FLAGS.calibrate_batches], np.asarray(medians)
-  per_example = np.maximum((t2 - t1) / (b2 - b1), 1e-9)
-  fixed = np.maximum(t1 - per_example * b1, 0.0)
-  return [(float(a), float(1 / e)) for a, e in zip(fixed, per_example, strict=True)]
+  return [host_line(b1, b2, a, b) for a, b in zip(t1, t2, strict=True)]
 
 
 def window_of(overrides: dict, lines: list[tuple[float, float]]) -> list[int]:

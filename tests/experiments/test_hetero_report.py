@@ -34,6 +34,15 @@ def test_equalising_gives_each_unit_to_the_host_it_lengthens_least():
   assert equal == [32, 32, 32]
 
 
+def test_a_host_line_through_two_batches_by_hand():
+  # 8 examples in 40 ms, 128 in 160: 1 ms an example, 32 ms fixed
+  a, v = hetero_report.host_line(8, 128, 0.04, 0.16)
+  assert a == pytest.approx(0.032) and v == pytest.approx(1000.0)
+  # 4 in 14 ms, 16 in 73: the line would cross below 0; through the origin and (16, 73 ms)
+  a, v = hetero_report.host_line(4, 16, 0.014, 0.073)
+  assert a == 0.0 and v == pytest.approx(16 / 0.073)
+
+
 def _records(steps, batches=None, synced=None, comm=0.01):
   out = []
   for t in range(steps):
