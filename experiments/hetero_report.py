@@ -84,15 +84,17 @@ def measured_steps(times: list[dict], steps: list[int]) -> list[float]:
   return out
 
 
-def timeline(records: list[dict], lines, comm: str, per_worker: int):
-  """The run on the cluster model: `jd.netmodel.simulate` of its batches, comm and barriers."""
+def timeline(records: list[dict], lines, comm: str, per_worker: int, every_step: bool = False):
+  """The run on the cluster model: `jd.netmodel.simulate` of its batches, comm and barriers (its
+  synchronising steps, or `every_step`: a method that communicates every step, as SelSync's
+  flags, waits for all every step)."""
   from jaxdist import netmodel
 
   fixed, speeds = zip(*lines, strict=True)
   return netmodel.simulate(
     netmodel.Cluster(speeds, fixed_s=fixed), batches_of(records, len(lines), per_worker), 1.0,
     comm_s=[r.get(comm) or 0.0 for r in records],
-    synced=[bool(r.get('synced')) for r in records], wait='periodic',
+    synced=[every_step or bool(r.get('synced')) for r in records], wait='periodic',
   )  # fmt: skip
 
 
@@ -176,9 +178,13 @@ def collect(workdir: str, k: int, lines, profile: str, skip: int) -> dict:
   records = metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
   times = host_times(workdir, k)
   rows = [s - 1 for s in timed_steps(records, skip)]
+  from jaxdist.train import methods
+
   with open(os.path.join(workdir, 'config.json')) as f:
-    per_worker = json.load(f)['batch_size'] // k
-  line = timeline(records, lines, _comm_key(records[-1], profile), per_worker)
+    config = json.load(f)
+  per_worker, method = config['batch_size'] // k, config['sync']['method']
+  every_step = methods.get(method).wait(config['sync'].get(method, {}), k)['wait'] == 'bsp'
+  line = timeline(records, lines, _comm_key(records[-1], profile), per_worker, every_step)
   finish = np.vstack([np.zeros(k), line.finish_s])
   return {
     'records': records, 'measured': measured_steps(times, [r + 1 for r in rows]),

@@ -332,7 +332,8 @@ METHODS: Mapping[str, Method] = {
   ),
   # methods that wrap the local optimizer
   'selsync': Method(
-    sync.selsync, 'in', wait=periodic, model=MEAN,
+    # every step all-reduces the workers' flags: all wait for the slowest each step (Alg. 1)
+    sync.selsync, 'in', wait=bsp, model=MEAN,
     states={sync.SelSyncState: {
       **_SYNCED, 'inner': None, 'norms': MEAN, 'deltas': MEAN, 'smoothed': MEAN,
     }},

@@ -70,6 +70,9 @@ def test_the_model_of_local_sgd_waits_only_at_the_synchronising_steps():
   # a fast host's first three steps are its own compute (+ the step's comm, priced on each)
   np.testing.assert_allclose(np.diff(np.r_[0, line.finish_s[:3, 1]]), [0.018 + 0.01] * 3)
   np.testing.assert_allclose(line.finish_s[3], [4 * (slow + 0.01)] * 3)  # the barrier
+  # a method that communicates every step (SelSync's flags) waits for the slowest every step
+  line = hetero_report.timeline(_records(8, synced=synced), LINES, 'comm_s@x', 32, True)
+  np.testing.assert_allclose(line.finish_s[:, 1], [(t + 1) * (slow + 0.01) for t in range(8)])
 
 
 def test_time_to_target_sums_the_steps_after_the_warm_up_an_evaluation_counting_as_the_median():

@@ -159,7 +159,7 @@ def test_stragglers_cost_bsp_more_than_ssp_and_async_on_the_same_records():
 def test_waiting_rules_follow_the_method():
   config = config_lib.base()
   for method, wait in [('allreduce', 'bsp'), ('cd_sgd', 'bsp'), ('local_sgd', 'periodic'),
-                       ('selsync', 'periodic'), ('ssp', 'ssp'), ('async_sgd', 'async'),
+                       ('selsync', 'bsp'), ('ssp', 'ssp'), ('async_sgd', 'async'),
                        ('gossip', 'neighbours')]:  # fmt: skip
     config.sync.method = method
     assert factory.waiting_rule(config, 8)['wait'] == wait, method
