@@ -3,8 +3,7 @@
 BSP with equal batches; dynamic batching's allocation by each host's measured throughput
 (Tyagi & Sharma 2020 §III-B, `batching='static'` on the calibrated `cluster.speeds`, which
 the bench fills in), with every worker computing its whole b_max masked, and with
-micro-batches of 8 (only a worker's own examples computed); local SGD every 4 steps;
-SelSync (δ 0.3).
+micro-batches of 8 (only a worker's own examples computed); local SGD every 4 steps.
 """
 
 from typing import Any
@@ -25,6 +24,4 @@ VARIANTS = {
   'dynamic_masked': by_throughput(0),
   'dynamic_micro': by_throughput(8),
   'local4': method('local_sgd', period=4),
-  # its flags are all-reduced every step: it waits for the slowest host as BSP does
-  'selsync': method('selsync'),
 }
