@@ -313,6 +313,7 @@ def diloco_exchange(
   averager: optax.GradientTransformation | None = None,
   eager: bool = True,
   exchange: str = 'deferred',
+  by_steps: bool = False,
 ) -> DeferredExchange:
   """How to finish the steps of `diloco(..., eager=True, exchange='deferred')`.
 
@@ -329,12 +330,15 @@ def diloco_exchange(
     averager: as `diloco`'s (None).
     eager: True.
     exchange: 'deferred'.
+    by_steps: False (`diloco(by_steps=True)` averages inline).
 
   Returns:
     A `DeferredExchange`.
   """
   del outer_optimizer  # the outer step is the step's own
   _averaging.check_period(period)
+  if by_steps:
+    raise ValueError('diloco(by_steps=True) averages inline: no deferred exchange to finish')
   if not check_exchange(exchange, eager, averager, 'eager=True'):
     raise ValueError("diloco_exchange finishes exchange='deferred' steps; got 'inline'")
   outer_due = lambda count: 0 if (count + 1) % period == 0 else None

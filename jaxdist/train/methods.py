@@ -302,7 +302,10 @@ METHODS: Mapping[str, Method] = {
       sync.DiLoCoState: {**_SYNCED, 'outer_state': REPLICATED},
       # by_steps: each worker's steps this round count again from a resize (the fastest
       # takes the round's last step, so the weights never all vanish)
-      sync.StepsDiLoCoState: {**_SYNCED, 'outer_state': REPLICATED, 'taken': RESET},
+      sync.StepsDiLoCoState: {
+        'count': REPLICATED, 'synced': REPLICATED, 'anchor': REPLICATED, 'outer_state': REPLICATED,
+        'wire': RESET, 'just_synced': REPLICATED, 'taken': RESET,
+      },
       # eager: each worker's outer model, state and share; the average in flight
       sync.EagerDiLoCoState: {
         'count': REPLICATED, 'synced': REPLICATED, 'anchor': MEAN, 'outer_state': MEAN,
