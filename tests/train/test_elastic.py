@@ -135,6 +135,24 @@ def test_diloco_keeps_the_anchor_and_outer_momentum_and_averages_the_inner_model
     elastic.reshard(bad, template(tx, params, 2), 'diloco')
 
 
+def test_diloco_by_steps_restarts_each_workers_count_of_steps_taken():
+  tx = optax.chain(
+    sync.sit_out(optax.sgd(0.1)), sync.diloco(None, 4, axis_name=AXES, by_steps=True)
+  )
+  params = {'w': rows(0, 0)}
+  saved = worker_state(tx, params, 3)
+  d = saved.opt_state[1]
+  d = d._replace(anchor={'w': np.tile(rows(0.5, -1), (3, 1))}, taken=np.array([3, 2, 1], np.int32))
+  saved = saved._replace(
+    params={'w': rows([1, 2], [3, 4], [5, 0])}, opt_state=(saved.opt_state[0], d)
+  )
+  out, report = elastic.reshard(saved, template(tx, params, 2), 'diloco')
+  np.testing.assert_array_equal(out.params['w'], np.tile(rows(3, 2), (2, 1)))  # the mean model
+  np.testing.assert_array_equal(out.opt_state[1].anchor['w'], np.tile(rows(0.5, -1), (2, 1)))
+  np.testing.assert_array_equal(out.opt_state[1].taken, np.zeros(2, np.int32))
+  assert 'opt_state.1.taken' in report.leaves[elastic.RESET]
+
+
 def test_hierarchical_topk_reshards_node_shards_conserving_the_pending_update():
   # d = 3 parameters; 2 nodes x m = 2 (shards of s = 2) -> 3 nodes x m' = 1 (s' = 3)
   def tx(m):
