@@ -236,9 +236,9 @@ def _mean(records: list[dict], key: str) -> float:
 
 
 def _reached(value: float | None, target: float) -> bool:
-  if value is None:
-    return False
-  return value <= target if FLAGS.metric.endswith('loss') else value >= target
+  from jaxdist.train import ledger
+
+  return ledger.reached(value, target, FLAGS.metric)
 
 
 def _final(records: list[dict]) -> float | None:

@@ -18,16 +18,6 @@ DYNAMIC_AT_MOST = 0.6  # dynamic batching's time to target, as a multiple of BSP
 WINDOW_AT_MOST = 0.7  # heterogeneity-aware DiLoCo's, as a multiple of plain DiLoCo's
 
 
-def lower_is_better(metric: str) -> bool:
-  """Whether a smaller `metric` is better (a loss, bits per character), not an accuracy."""
-  return 'loss' in metric or 'bits' in metric
-
-
-def reached(value: float, target: float, metric: str) -> bool:
-  """Whether `value` of `metric` is at `target` or better."""
-  return value <= target if lower_is_better(metric) else value >= target
-
-
 def host_times(workdir: str, k: int) -> list[dict]:
   """Each process's own step times and compute term (`StepLog.close`)."""
   out = []
@@ -119,13 +109,15 @@ def time_to(
   evaluation's, the same for every method; on a 0.1-core host seconds each),
   each step that evaluated, or follows one, counted as the median step (its
   time holds the evaluation)."""
+  from jaxdist.train import ledger
+
   median = statistics.median(r['step_s'] for r in records[skip:] if r.get('step_s'))
   total, after = 0.0, False
   for r in records:
     now = evaluated(r)
     if r['step'] > skip:
       total += median if now or after or not r.get('step_s') else r['step_s']
-    if r.get(metric) is not None and reached(r[metric], target, metric):
+    if ledger.reached(r.get(metric), target, metric):
       return total, r['step']
     after = now
   return None, None

@@ -198,6 +198,35 @@ def modelled_clock(
   return out
 
 
+def lower_is_better(metric: str) -> bool:
+  """Whether a smaller value of an evaluation's `metric` is better.
+
+  Args:
+    metric: a record's key: a loss (`test_loss`) or bits per character
+      (`test_bits`) is lower-better, anything else (an accuracy) higher-better.
+
+  Returns:
+    True for a loss or bits.
+  """
+  return metric.endswith(('loss', 'bits'))
+
+
+def reached(value: float | None, target: float, metric: str) -> bool:
+  """Whether an evaluation's `value` of `metric` is at `target` or better.
+
+  Args:
+    value: the evaluation's figure (None: the step did not evaluate).
+    target: the value to reach.
+    metric: its key (`lower_is_better` says which way is better).
+
+  Returns:
+    False for None; else at or below `target` for a loss, at or above it otherwise.
+  """
+  if value is None:
+    return False
+  return value <= target if lower_is_better(metric) else value >= target
+
+
 def time_to_accuracy(
   records: Sequence[Mapping[str, Any]],
   target: float,
@@ -215,16 +244,14 @@ def time_to_accuracy(
     compute_s: one worker's measured step without communication.
     clock: a fresh `netmodel.WorkerClock`, or None (as `modelled_clock`).
     metric: the evaluation's figure, an accuracy (reached at or above the
-      target) or a loss (a key ending in `loss`: reached at or below it).
+      target) or a loss (reached at or below it: `reached`).
 
   Returns:
     (step, modelled seconds), or None if no evaluation reached it.
   """
   times = dict(modelled_clock(records, network, compute_s, clock))
-  lower = metric.endswith('loss')
   for r in records:
-    value = r.get(metric)
-    if value is not None and (value <= target if lower else value >= target):
+    if reached(r.get(metric), target, metric):
       return r['step'], times[r['step']]
   return None
 

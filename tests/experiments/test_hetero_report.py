@@ -86,6 +86,10 @@ def test_time_to_target_sums_the_steps_after_the_warm_up_an_evaluation_counting_
   # steps 2..8: 0.1 + 0.1 + median + median + 0.3 + 0.1 + median, median of steps 2..8 = 0.1
   assert step == 8 and seconds == pytest.approx(0.9)
   assert hetero_report.time_to(records, 0.99, skip=1) == (None, None)
+  # a loss is reached from above: 2.5 at step 4 misses 2.4, 2.3 at step 8 reaches it
+  records[3]['test_loss'], records[7]['test_loss'] = 2.5, 2.3
+  assert hetero_report.time_to(records, 2.4, 1, 'test_loss') == (pytest.approx(0.9), 8)
+  assert hetero_report.time_to(records, 2.2, 1, 'test_loss') == (None, None)
 
 
 def test_timed_steps_leave_out_the_first_and_the_evaluations():
