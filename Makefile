@@ -97,9 +97,10 @@ bench-network: $(VENV)/.installed
 	  --results=experiments/results/network_overlap_k4.md
 
 # Unequal hosts for real (root: network namespaces and cgroup v1 CPU groups): each host its own
-# CPU share, BSP against dynamic batching (masked and micro-batched) and local SGD, measured
-# beside the cluster model calibrated on the same hosts; then the GPT tiny with DiLoCo and
-# heterogeneity-aware DiLoCo (its window of inner steps a round)
+# CPU share, BSP against dynamic batching (masked and micro-batched), local SGD and SelSync,
+# measured beside the cluster model calibrated on the same hosts; then the GPT tiny with DiLoCo and
+# heterogeneity-aware DiLoCo (its window of inner steps a round); then ScaDLES's streams at
+# real input rates (each worker waits for its data in wall-clock)
 bench-hetero: $(VENV)/.installed
 	$(PY) experiments/bench_hetero.py --cpu=1,0.85,0.1 --rates=unlimited --steps=200 \
 	  --workdir=workdir/hetero_hosts --results=experiments/results/hetero_hosts.md
@@ -109,6 +110,8 @@ bench-hetero: $(VENV)/.installed
 	  --variants=configs/variants/hetero_diloco.py --metric=test_loss --steps=200 --eval_every=25 \
 	  --calibrate_batches=8,16 --calibration_steps=30 --workdir=workdir/hetero_diloco \
 	  --results=experiments/results/hetero_diloco.md
+	$(PY) experiments/bench_hetero.py --variants=configs/variants/hetero_streams.py --steps=200 \
+	  --workdir=workdir/hetero_streams --results=experiments/results/hetero_streams.md
 
 # jaxdist beside PyTorch DDP on the digits CNN: jaxdist's half, and DDP's beside it with
 # TORCH_PYTHON=path/to/torchenv/bin/python (a separate venv with torch; never this one)

@@ -28,10 +28,12 @@ devices, `hosts/process<i>.json`; the steps after `--skip`, less those that
 evaluated or follow one) beside the cluster model's, `jd.netmodel.simulate`
 with the calibrated lines (`Cluster(speeds=v, fixed_s=a)`), the run's
 own batches and α-β communication per step, and its synchronising steps as
-barriers (the periodic waiting rule: BSP when every step synchronises). Per
-variant: the time to `--target` accuracy on process 0's clock (after the
-`--skip` warm-up steps, whose one-off compiles are the same for every method),
-and its ratio to the first variant's; the targets of issue 47 as rows that hold or not.
+barriers (the periodic waiting rule: BSP when every step synchronises); with
+data streaming in (`config.streams.realtime`), first each step's wait for
+data on the streams' model (`stream_timeline`). Per variant: the time to
+`--target` accuracy on process 0's clock (after the `--skip` warm-up steps,
+whose one-off compiles are the same for every method), and its ratio to the
+first variant's; the targets of issue 47 as rows that hold or not.
 
   sudo python experiments/bench_hetero.py --cpu=1,0.85,0.1 --rates=unlimited \
       --results=experiments/results/hetero_hosts.md
@@ -54,6 +56,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import netns  # noqa: E402  (experiments/netns.py, beside this script)
 from hetero_report import (  # noqa: E402
   HOST_COLUMNS,
+  MODELLED,
   TARGET_COLUMNS,
   collect,
   equalising,
@@ -234,7 +237,7 @@ def main(argv):
   target = FLAGS.target or final(next(iter(results.values()))['records'], metric)
   hosts = [row for n, r in results.items() for row in host_rows(n, r, calib['cpu'], calib['rates'])]
   runs = run_rows(results, target, FLAGS.skip, metric)
-  targets = target_rows(results, runs, ('bsp', 'dynamic_micro', 'local4', 'diloco'))
+  targets = target_rows(results, runs, MODELLED)
   windows = {n: h for n, h in calib['allocations'].items() if n in calib['names']}
   title = (
     f'{FLAGS.config} with {FLAGS.variants}, {k} hosts (one worker each), cores '

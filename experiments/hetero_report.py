@@ -16,6 +16,9 @@ import numpy as np
 MODEL_WITHIN = 0.15  # issue 47: the per-worker clock within 15 % of the measured step
 DYNAMIC_AT_MOST = 0.6  # dynamic batching's time to target, as a multiple of BSP's
 WINDOW_AT_MOST = 0.7  # heterogeneity-aware DiLoCo's, as a multiple of plain DiLoCo's
+# the variants whose per-host clock model gets a target row (the issue names BSP, dynamic
+# batching and local SGD; the others, where a group has them, are checked the same way)
+MODELLED = ('bsp', 'dynamic_micro', 'local4', 'selsync', 'diloco', 'ddl', 'scadles')
 
 
 def host_times(workdir: str, k: int) -> list[dict]:
@@ -86,6 +89,41 @@ def timeline(records: list[dict], lines, comm: str, per_worker: int, every_step:
     comm_s=[r.get(comm) or 0.0 for r in records],
     synced=[every_step or bool(r.get('synced')) for r in records], wait='periodic',
   )  # fmt: skip
+
+
+def stream_timeline(records: list[dict], lines, comm: str, config: dict):
+  """A run whose data stream in (`config.cluster.stream_rates`) on the cluster model: before
+  each step the streams' wait for data (`jd.control.streams`, the barrier W), then every host
+  computes its batch, a_k + b_k / v_k, and the step ends with the slowest and its
+  communication; the streams then advance by that step. (finish_s, compute_s, wait_s) [T, K],
+  a host's wait being W and its wait for the slowest."""
+  from types import SimpleNamespace
+
+  from jaxdist import control
+
+  k, section = len(lines), dict(config['streams'])
+  text = str(config['cluster']['stream_rates'])
+  rates = (
+    control.stream_rates(text.upper(), k, seed=config['seed']) if text.upper() in
+    control.RATE_SETS else [float(v) for v in text.split(',')]
+  )  # fmt: skip
+  model = control.streams(
+    rates, base_batch=config['batch_size'], b_min=section['b_min'],
+    b_max=section['b_max'] or config['batch_size'], buffer=section['buffer'],
+    interval_s=section['interval_s'],
+    policy='proportional' if config['batching'] == 'stream' else 'fixed',
+  )  # fmt: skip
+  fixed, speeds = (np.asarray(v) for v in zip(*lines, strict=True))
+  state, clock, out = model.init(k), 0.0, SimpleNamespace(finish_s=[], compute_s=[], wait_s=[])
+  for r in records:
+    compute = fixed + state.batches / speeds
+    step_s, barrier = compute.max() + (r.get(comm) or 0.0), float(state.wait_s.max())
+    clock += barrier + step_s
+    out.finish_s.append(np.full(k, clock))
+    out.compute_s.append(compute)
+    out.wait_s.append(barrier + compute.max() - compute)
+    state = model.update(state, step_s)
+  return SimpleNamespace(**{name: np.asarray(v) for name, v in vars(out).items()})
 
 
 def batches_of(records: list[dict], k: int, per_worker: int) -> np.ndarray:
@@ -176,7 +214,11 @@ def collect(workdir: str, k: int, lines, profile: str, skip: int) -> dict:
     config = json.load(f)
   per_worker, method = config['batch_size'] // k, config['sync']['method']
   every_step = methods.get(method).wait(config['sync'].get(method, {}), k)['wait'] == 'bsp'
-  line = timeline(records, lines, _comm_key(records[-1], profile), per_worker, every_step)
+  comm = _comm_key(records[-1], profile)
+  if config['cluster'].get('stream_rates'):
+    line = stream_timeline(records, lines, comm, config)
+  else:
+    line = timeline(records, lines, comm, per_worker, every_step)
   finish = np.vstack([np.zeros(k), line.finish_s])
   return {
     'records': records, 'measured': measured_steps(times, [r + 1 for r in rows]),

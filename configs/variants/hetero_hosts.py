@@ -3,7 +3,9 @@
 BSP with equal batches; dynamic batching's allocation by each host's measured throughput
 (Tyagi & Sharma 2020 §III-B, `batching='static'` on the calibrated `cluster.speeds`, which
 the bench fills in), with every worker computing its whole b_max masked, and with
-micro-batches of 8 (only a worker's own examples computed); local SGD every 4 steps.
+micro-batches of 8 (only a worker's own examples computed); local SGD every 4 steps; SelSync
+(δ = 0.3, less_sync.py's: every step all-reduces the workers' flags, and the parameters only
+where a worker's relative gradient change reaches δ).
 """
 
 from typing import Any
@@ -24,4 +26,5 @@ VARIANTS = {
   'dynamic_masked': by_throughput(0),
   'dynamic_micro': by_throughput(8),
   'local4': method('local_sgd', period=4),
+  'selsync': method('selsync', threshold=0.3),
 }

@@ -55,6 +55,7 @@ from jaxdist.control.scadles import ScaDLES, ScaDLESState, scadles_compression
 from jaxdist.control.scavenger import NoiseMeter, NoiseMeterState, noise_meter
 from jaxdist.control.streams import (
   RATE_SETS,
+  Arrivals,
   Streams,
   StreamState,
   buffer_report,
@@ -69,6 +70,7 @@ __all__ = [
   'ADOPT_CANDIDATES',
   'RATE_SETS',
   'AdoptState',
+  'Arrivals',
   'Controller',
   'DynamicBatching',
   'DynamicBatchingState',

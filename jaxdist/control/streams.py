@@ -199,17 +199,77 @@ class StreamState(NamedTuple):
   elapsed_s: float
 
 
+class Arrivals:
+  """The same streams in wall-clock: device i's samples become available at S_i a second.
+
+  The model above moves a modelled clock; this moves the host's own. Each
+  `take(batches, now_s)` takes every device's batch at `now_s` (seconds of
+  any monotonic clock) and returns how long each must wait until its batch
+  has streamed in: the buffer holds the leftover of the last take plus what
+  arrived since that take was complete (capped by truncation), exactly the
+  model's steps 1, 3 and 4 with the model's times replaced by real ones.
+  Fed the times the model implies (takes at its `elapsed_s`), it gives the
+  model's queues and waits. The trainer (`config.streams.realtime`) sleeps
+  a process's largest wait before its step, so the input rate is real: the
+  step cannot start before its data exist, and the other processes wait for
+  it at the step's collective (the model's barrier W).
+
+  Readings: the buffers start empty at the first take (a resumed run's too:
+  the queues are not checkpointed); the clock keeps running through
+  evaluations and checkpoints, where data keep arriving (truncation caps
+  them).
+
+  Args:
+    rates: [K] samples/s of the devices this host feeds.
+    cap: [K] the most samples a buffer keeps (inf: persistence).
+
+  Example:
+    >>> streams_in = Arrivals([10.0, 40.0], [10.0, 40.0])  # the module's worked example
+    >>> streams_in.take([10, 32], now_s=0.0)
+    array([1. , 0.8])
+    >>> streams_in.take([10, 32], now_s=1.5)  # the step ran from 1.0 to 1.5
+    array([0.5, 0.1])
+  """
+
+  def __init__(self, rates: Sequence[float] | np.ndarray, cap: Sequence[float] | np.ndarray):
+    self.rates = _rates(rates)
+    self.cap = np.asarray(cap, np.float64)
+    if self.cap.shape != self.rates.shape or np.any(~(self.cap > 0)):  # NaN fails too
+      raise ValueError(f'Arrivals: cap must be [K] samples > 0, got {cap}')
+    self.queue = np.zeros_like(self.rates)  # left over after the last take
+    self.since: np.ndarray | None = None  # when each device's last take was complete
+    self.dropped = np.zeros_like(self.rates)
+
+  def take(self, batches: Sequence[int] | np.ndarray, now_s: float) -> np.ndarray:
+    """Takes each device's batch at `now_s`; [K] seconds until each holds it."""
+    b = np.asarray(batches, np.float64)
+    if b.shape != self.rates.shape or np.any(~(b >= 0)):
+      raise ValueError(f'Arrivals.take: batches must be [K] examples >= 0, got {batches}')
+    if self.since is None:
+      self.since = np.full_like(self.rates, now_s)
+    held = self.queue + self.rates * np.maximum(now_s - self.since, 0.0)
+    queue = np.minimum(held, self.cap)
+    self.dropped += held - queue
+    wait = np.maximum(b - queue, 0.0) / self.rates
+    self.queue, self.since = np.maximum(queue - b, 0.0), now_s + wait
+    return wait
+
+
 class Streams(NamedTuple):
-  """The streaming model: `init(num_workers)` and `update(state, step_s)`.
+  """The streaming model: `init(num_workers)` and `update(state, step_s)`, and its streams in
+  wall-clock (`arrivals`).
 
   Attributes:
     init: `(num_workers) -> StreamState`, the first step's batches.
     update: `(state, step_s) -> StreamState`, after a step of `step_s`
       modelled seconds.
+    arrivals: `(workers) -> Arrivals`, the real-time streams of the given
+      workers (indices), empty.
   """
 
   init: Callable[[int], StreamState]
   update: Callable[[StreamState, float], StreamState]
+  arrivals: Callable[[Sequence[int]], Arrivals]
 
 
 def streams(
@@ -242,10 +302,11 @@ def streams(
       buffer hold (> 0).
 
   Returns:
-    `Streams(init, update)`. `init(num_workers)` gives the first step's state
+    `Streams(init, update, arrivals)`. `init(num_workers)` gives the first step's state
     (empty buffers); `update(state, step_s)` trains that step, `step_s` its
     modelled compute-and-communication seconds (>= 0), and gives the next
-    step's state.
+    step's state; `arrivals(workers)` the same streams of those workers in
+    wall-clock (`Arrivals`).
 
   Example:
     >>> model = streams([10, 40], base_batch=64, b_max=32)
@@ -321,7 +382,11 @@ def streams(
       elapsed_s=float(state.elapsed_s) + barrier + float(step_s),
     )
 
-  return Streams(init, update)
+  def arrivals(workers: Sequence[int]) -> Arrivals:
+    index = np.asarray(workers, int)
+    return Arrivals(s[index], cap[index])
+
+  return Streams(init, update, arrivals)
 
 
 def _batches(batches: Sequence[int] | np.ndarray) -> np.ndarray:

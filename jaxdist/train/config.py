@@ -301,8 +301,8 @@ def batching() -> dict[str, Any]:
     dynamic_batching=dict(
       b_min=1, b_max=_int(), deadband=0.05, decay=0.5, interval=10, micro_batch=0
     ),
-    # ScaDLES's buffers and batch bounds (jd.control.streams); b_max defaults to the global batch
-    streams=dict(b_min=8, b_max=_int(), buffer='truncation', interval_s=1.0),
+    # ScaDLES's buffers and bounds (jd.control.streams; b_max 0: B); realtime: waits in wall-clock
+    streams=dict(b_min=8, b_max=_int(), buffer='truncation', interval_s=1.0, realtime=False),
   )
 
 

@@ -74,6 +74,8 @@ class Experiment:
     init_step: the step of its checkpoint this run starts at (0 without `init_from`).
     exchange: Streaming DiLoCo's deferred exchange, run beside the steps
       (`overlap.Overlap`), or None.
+    realtime: streams in wall-clock (`config.streams.realtime`): each
+      process waits for its workers' data before a step.
   """
 
   workdir: str
@@ -121,6 +123,7 @@ class Experiment:
   init_step: int = 0
   micro_batch: int = 0
   exchange: sync.StreamingExchange | None = None
+  realtime: bool = False
 
   @property
   def counted(self) -> bool:

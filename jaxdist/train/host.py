@@ -7,6 +7,7 @@ record, beside the gradient-noise meter (`jaxdist.train.noise`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,6 +56,10 @@ class Host:
     if exp.ratio_control is not None:
       parts['adaptive'] = exp.ratio_control
     self.controllers = control.chain(**parts)
+    # streams in wall-clock: this process's workers wait for their data before each step
+    local = exp.workers.local_workers()
+    self.arrivals = exp.batching.arrivals(local) if exp.realtime else None
+    self.local = np.asarray(local)
     self.state = self.controllers.init()
     self.noise = Noise(exp)
     self.saved = None  # a copy of the train state an exploration started from
@@ -68,9 +73,15 @@ class Host:
     return self.last
 
   def batch(self, t: int, state, plan: control.Plan):
-    """Step t's device arrays, the chain's extra arguments, and fields measured before it."""
+    """Step t's device arrays, the chain's extra arguments, and fields measured before it
+    (with streams in wall-clock, first the wait for this process's data: `data_wait_s`)."""
+    waited = {}
+    if self.arrivals is not None:
+      wait = float(self.arrivals.take(plan.counts[self.local], time.perf_counter()).max())
+      time.sleep(wait)
+      waited['data_wait_s'] = wait
     arrays, injected = put_batch(self.exp, t, plan.batches, plan.lr_scale, plan.counts)
-    fields = self.noise.measure(t, state, arrays, self.clock)
+    fields = {**waited, **self.noise.measure(t, state, arrays, self.clock)}
     if self.exp.sampler.partition.injects:  # bytes each worker received, on average
       fields['inject_bytes'] = float(np.mean(injected)) * self.example_bytes
     w = self.exp.workers

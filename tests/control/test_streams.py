@@ -15,6 +15,7 @@ import pytest
 from jaxdist import control
 from jaxdist.control import (
   RATE_SETS,
+  Arrivals,
   StreamState,
   buffer_report,
   lr_scale,
@@ -22,6 +23,7 @@ from jaxdist.control import (
   streams,
   weights,
 )
+from jaxdist.control.streams import BUFFERS
 
 # --- the update order, by hand ------------------------------------------------------
 
@@ -291,7 +293,15 @@ def test_update_is_pure_and_the_state_round_trips_through_json():
 
 
 def test_exports():
-  for name in ('RATE_SETS', 'StreamState', 'Streams', 'streams', 'stream_rates', 'weights'):
+  for name in (
+    'RATE_SETS',
+    'StreamState',
+    'Streams',
+    'streams',
+    'stream_rates',
+    'weights',
+    'Arrivals',
+  ):
     assert name in control.__all__
 
 
@@ -349,3 +359,61 @@ def test_bad_state_and_steps():
     weights([0, 0])
   with pytest.raises(ValueError, match='base_batch must be >= 1'):
     lr_scale([8, 8], 0)
+
+
+# --- the streams in wall-clock (Arrivals) ------------------------------------------------------
+
+
+def test_arrivals_by_hand():
+  """S = (10, 40), caps (10, 40), b = (10, 32): the module's worked example in real seconds."""
+  streams_in = Arrivals([10.0, 40.0], [10.0, 40.0])
+  np.testing.assert_allclose(streams_in.take([10, 32], now_s=100.0), [1.0, 0.8])  # empty
+  # device 0 held its batch at 101.0, device 1 at 100.8; the step ended at 101.5
+  np.testing.assert_allclose(streams_in.take([10, 32], now_s=101.5), [0.5, 0.1])
+  np.testing.assert_allclose(streams_in.queue, [0.0, 0.0])
+  # took at 102.0 and 101.6; 2 s later 20 and 96 arrived, truncated to 10 and 40: no wait
+  np.testing.assert_allclose(streams_in.take([10, 32], now_s=104.0), [0.0, 0.0])
+  np.testing.assert_allclose(streams_in.dropped, [10.0, 56.0])
+  np.testing.assert_allclose(streams_in.queue, [0.0, 8.0])  # device 1 kept 40 - 32
+  # a take before anything more arrived: device 1 has 8 of 32 (24 / 40 s), device 0 none
+  np.testing.assert_allclose(streams_in.take([10, 32], now_s=104.0), [1.0, 0.6])
+
+
+def test_arrivals_persistence_keeps_everything():
+  streams_in = Arrivals([10.0], [np.inf])
+  streams_in.take([5], now_s=0.0)  # waits 0.5 s
+  np.testing.assert_allclose(streams_in.take([5], now_s=10.5), [0.0])  # 100 arrived, 5 taken
+  np.testing.assert_allclose(streams_in.queue, [95.0])
+  np.testing.assert_allclose(streams_in.dropped, [0.0])
+
+
+@pytest.mark.parametrize('buffer', BUFFERS)
+def test_arrivals_on_the_models_times_are_the_model(buffer):
+  """Taking at the model's step boundaries (its elapsed time) gives the model's waits."""
+  model = streams([7.0, 55.0, 130.0], base_batch=96, b_min=8, b_max=64, buffer=buffer,
+                  interval_s=0.5)  # fmt: skip
+  state, streams_in = model.init(3), model.arrivals([0, 1, 2])
+  for step_s in np.random.default_rng(0).uniform(0.0, 1.5, 40):
+    waits = streams_in.take(state.batches, now_s=state.elapsed_s)
+    np.testing.assert_allclose(waits, state.wait_s, atol=1e-9)  # NaN fails
+    state = model.update(state, step_s)
+  streams_in.take(state.batches, now_s=state.elapsed_s)  # what the last step's arrivals left
+  np.testing.assert_allclose(streams_in.dropped, state.dropped, rtol=1e-9)
+
+
+def test_arrivals_of_some_workers_are_theirs():
+  model = streams([10.0, 40.0, 80.0], base_batch=64, b_max=32)
+  streams_in = model.arrivals([1, 2])  # a process feeding workers 1 and 2
+  np.testing.assert_allclose(streams_in.rates, [40.0, 80.0])
+  np.testing.assert_allclose(streams_in.take([32, 32], now_s=0.0), [0.8, 0.4])
+
+
+def test_arrivals_bad_input():
+  with pytest.raises(ValueError, match='cap must be'):
+    Arrivals([10.0], [0.0])
+  with pytest.raises(ValueError, match='cap must be'):
+    Arrivals([10.0], [np.nan])
+  with pytest.raises(ValueError, match='rates must'):
+    Arrivals([-1.0], [1.0])
+  with pytest.raises(ValueError, match='batches must be'):
+    Arrivals([10.0], [10.0]).take([1, 2], now_s=0.0)

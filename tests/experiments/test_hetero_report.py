@@ -75,6 +75,30 @@ def test_the_model_of_local_sgd_waits_only_at_the_synchronising_steps():
   np.testing.assert_allclose(line.finish_s[:, 1], [(t + 1) * (slow + 0.01) for t in range(8)])
 
 
+def test_the_model_of_a_streamed_run_waits_for_data_then_for_the_slowest_by_hand():
+  # streams of 100, 400, 400 a second, B / K = 32 each, truncation at 0.2 s (20, 80, 80)
+  config = {
+    'seed': 0, 'batch_size': 96, 'batching': 'uniform', 'cluster': {'stream_rates': '100,400,400'},
+    'streams': {'b_min': 8, 'b_max': 0, 'buffer': 'truncation', 'interval_s': 0.2},
+  }  # fmt: skip
+  line = hetero_report.stream_timeline(_records(2), LINES, 'comm_s@x', config)
+  slow = 0.03 + 32 / 300
+  # step 1: empty buffers, 32 / 100 s for the slow stream; then the slowest host and 10 ms
+  np.testing.assert_allclose(line.finish_s[0], [0.32 + slow + 0.01] * 3)
+  np.testing.assert_allclose(line.compute_s[0], [slow, 0.018, 0.0148])
+  np.testing.assert_allclose(line.wait_s[0], [0.32, 0.32 + slow - 0.018, 0.32 + slow - 0.0148])
+  # step 2: 100 · (slow + 0.01) arrived on stream 0 during step 1, the others are full (80)
+  wait = (32 - 100 * (slow + 0.01)) / 100
+  np.testing.assert_allclose(line.finish_s[1], [0.32 + 2 * (slow + 0.01) + wait] * 3)
+  np.testing.assert_allclose(line.wait_s[1][0], wait)
+  # ScaDLES's batches: 0.2 s of each stream (20, 80, 80), so the slow host computes 20
+  line = hetero_report.stream_timeline(
+    _records(1), LINES, 'comm_s@x', {**config, 'batching': 'stream'}
+  )
+  np.testing.assert_allclose(line.compute_s[0], [0.03 + 20 / 300, 0.002 + 0.04, 0.002 + 0.032])
+  np.testing.assert_allclose(line.finish_s[0], [0.2 + 0.03 + 20 / 300 + 0.01] * 3)  # still host 0
+
+
 def test_time_to_target_sums_the_steps_after_the_warm_up_an_evaluation_counting_as_the_median():
   records = _records(8)
   records[0]['step_s'] = 5.0  # a warm-up compile: left out

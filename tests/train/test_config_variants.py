@@ -88,7 +88,7 @@ def test_every_results_group_of_the_makefile_is_a_variants_file_with_a_results_t
     assert name in GROUPS, name
     assert os.path.exists(os.path.join(REPO, 'experiments', 'results', f'{name}.md')), name
   rest = {'default', 'default_lm', 'elastic', 'peers', 'lm', 'network', 'network_lm', 'overlap_lm',
-          'hetero_hosts', 'hetero_diloco'}  # fmt: skip
+          'hetero_hosts', 'hetero_diloco', 'hetero_streams'}  # fmt: skip
   assert set(GROUPS) - set(groups) == rest  # make run, run-lm, results-lm, bench-network, ...
   # the language model's group trains its own config (make results-lm)
   assert '--variants=configs/variants/lm.py --results=experiments/results/lm.md' in makefile

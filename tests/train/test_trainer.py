@@ -310,6 +310,7 @@ def test_streams_and_partitions_fail_clearly_naming_the_key(tmp_path, data_dir, 
     (dict(batching='window', **{'cluster.speeds': '1,1,0.5', 'sync.method': 'diloco',
                                 'dynamic_batching.micro_batch': 5}),
      r'micro_batch=5 must divide the examples a worker holds \(32\)'),
+    ({'streams.realtime': True}, r'config.streams.realtime .* give config.cluster.stream_rates'),
     ({'cluster.stream_rates': 'S99'}, r'config.cluster.stream_rates must be comma-separated'),
     ({'cluster.stream_rates': '10,20'}, r'config.cluster: stream_rates has 2 workers'),
     ({'cluster.stream_rates': '10,-1,5'}, r'stream_rates must all be >= 0'),
@@ -376,6 +377,27 @@ def test_streams_proportional_batches_wait_less_than_fixed_ones(tmp_path, data_d
   np.testing.assert_allclose(prop[1][0]['wait_s'], [1.0, 1.0, 1.0])
   assert prop[0]['modelled_s@1gbps'] < fixed[0]['modelled_s@1gbps']
   assert fixed[0]['buffer_peak_total'] > prop[0]['buffer_peak_total'] > 0
+
+
+def test_realtime_streams_wait_in_wall_clock_and_train_the_same(tmp_path, data_dir, monkeypatch):
+  # rates (80, 160, 320)/s, interval 0.25 s: batches (20, 40, 80), each a quarter second of its
+  # stream, and truncation keeps no more; in wall-clock every step waits for its data
+  rates = {'cluster.stream_rates': '80,160,320', 'streams.interval_s': 0.25, 'streams.b_max': 80}
+  modelled = run_digits(tmp_path, 'modelled', data_dir, monkeypatch, steps=6, batching='stream',
+                        **rates)  # fmt: skip
+  real = run_digits(tmp_path, 'real', data_dir, monkeypatch, steps=6, batching='stream',
+                    **rates, **{'streams.realtime': True})  # fmt: skip
+  assert [r['batches'] for r in real[1]] == [[20, 40, 80]] * 6
+  waits = [r['data_wait_s'] for r in real[1]]
+  assert waits[0] == pytest.approx(0.25, abs=1e-9)  # empty buffers: 20 / 80 s = 80 / 320 s
+  assert all(0.0 <= w <= 0.25 + 1e-9 for w in waits), waits  # never more than b / S
+  assert all('data_wait_s' not in r for r in modelled[1])
+  # step t cannot start before a quarter second after step t - 1 took its data (the buffers
+  # hold no more than that): steps 3..6 end at least 2 × 0.25 s after step 2
+  assert sum(r['step_s'] for r in real[1][2:]) >= 0.5
+  # waiting changes when, not what: the same batches, the same weights
+  for a, b in zip(jax.tree.leaves(modelled[2]), jax.tree.leaves(real[2]), strict=True):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_label_partition_gives_each_worker_its_labels_and_injection_counts_bytes(

@@ -296,7 +296,7 @@ def _run(config, workers: runtime.Workers) -> dict[str, Any]:
     algorithm=config.network.algorithm, wait=waiting_rule(config, config.workers),
     batching_mode=config.batching, held=_held(config, config.batch_size // workers.count),
     init_from=warm_start.source_directory(config.init_from) if config.init_from else '',
-    init_step=int(config.init_step),
+    init_step=int(config.init_step), realtime=bool(config.streams.realtime),
   )  # fmt: skip
 
 

@@ -117,6 +117,11 @@ def build_batching(
   if mode not in BATCHING:
     raise ValueError(f'config.batching must be one of {BATCHING}, got {mode!r}')
   rates = cluster.stream_rates if cluster is not None else ()
+  if config.streams.realtime and not rates:
+    raise ValueError(
+      "config.streams.realtime waits for data streaming in at each worker's rate: give "
+      'config.cluster.stream_rates, or set config.streams.realtime=False'
+    )
   if mode == 'uniform' and not rates:
     return None
   if mode == 'stream' and not rates:
@@ -148,6 +153,7 @@ def build_batching(
     )
   if rates:
     section = dict(config.streams)
+    section.pop('realtime')  # the trainer's (`Experiment.realtime`)
     section['b_max'] = section['b_max'] or config.batch_size
     policy = 'proportional' if mode == 'stream' else 'fixed'
     ctl = call(
