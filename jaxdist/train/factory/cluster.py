@@ -180,7 +180,8 @@ def micro_batch(config) -> int:
   """`config.dynamic_batching.micro_batch`, checked: 0, or m dividing every batch a worker holds.
 
   With `batching='window'` it defaults to B / K, one micro-batch: a step a
-  worker sits out computes nothing.
+  worker sits out computes nothing. With `batching='stream'` a worker's
+  count is what streamed in, so m need only divide `streams.b_max`.
 
   Args:
     config: the run's config.
@@ -190,21 +191,25 @@ def micro_batch(config) -> int:
   """
   m = int(config.dynamic_batching.micro_batch or 0)
   uniform = config.batch_size // config.workers
-  window = config.batching == 'window'
+  window, stream = config.batching == 'window', config.batching == 'stream'
   if window:
     m = m or uniform
   elif not m:
     return 0
-  if m < 0 or config.batching not in ('static', 'dynamic', 'window'):
+  if m < 0 or config.batching not in ('static', 'dynamic', 'window', 'stream'):
     raise ValueError(
       f'config.dynamic_batching.micro_batch={m}: micro-batches of m >= 1 examples serve '
-      f"batching='static', 'dynamic' or 'window' (got {config.batching!r}); 0 turns them off"
+      f"batching='static', 'dynamic', 'window' or 'stream' (got {config.batching!r}); 0 turns "
+      'them off'
     )
-  held = uniform if window else config.dynamic_batching.b_max or config.batch_size
-  if held % m or uniform % m:
+  section = config.streams if stream else config.dynamic_batching
+  held = uniform if window else section.b_max or config.batch_size
+  if held % m or (not stream and uniform % m):
     raise ValueError(
       f'config.dynamic_batching.micro_batch={m} must divide the examples a worker holds '
-      f'({held}) and the uniform batch B / K ({uniform}): each worker holds whole micro-batches'
+      f'({held})'
+      + ('' if stream else f' and the uniform batch B / K ({uniform})')
+      + ': each worker holds whole micro-batches'
     )
   return m
 
