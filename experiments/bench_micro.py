@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import sys
 import time
 
@@ -100,8 +101,6 @@ def measure(micro: list[int], counts: list[int], held: int, repeats: int) -> lis
   init = step_lib.make_init(model, tx, layout, shape, 'auto', input_dtype=dtype)
   rows = []
   for m in micro:
-    if m and held % m:
-      raise app.UsageError(f'--micro: {m} must divide --held={held}')
     train_step = step_lib.make_train_step(
       model, tx, layout, counted=True, micro_batch=m, replicated=False
     )
@@ -131,6 +130,9 @@ def run() -> dict:
   held, micro = FLAGS.held, [int(m) for m in FLAGS.micro]
   if 0 not in micro:
     micro = [0, *micro]  # the reference: masked
+  for m in micro:
+    if m < 0 or (m and held % m):
+      raise app.UsageError(f'--micro: {m} must divide --held={held}')
   counts = sorted({int(c) for c in FLAGS.counts} if FLAGS.counts else
                   {0, 1, held // 2, held, *(m for m in micro if 0 < m <= held)})  # fmt: skip
   if any(not 0 <= c <= held for c in counts) or held not in counts:
@@ -155,7 +157,8 @@ def write(found: dict, path: str) -> None:
   """The markdown results file of a measurement (`run`'s dict)."""
   from jaxdist.train import report
 
-  made = f'Command: `{found["command"]}`; machine: {found["machine"]}; date: {found["date"]}.'
+  command = re.sub(r'--json=\S*/', '--json=', found['command'])  # the other machine's folder
+  made = f'Command: `{command}`; machine: {found["machine"]}; date: {found["date"]}.'
   with open(path, 'w') as f:
     f.write('\n\n'.join([made, f'{found["title"]}.', report.markdown(found['rows'], COLUMNS)]))
     f.write('\n')
