@@ -57,9 +57,7 @@ class Host:
       parts['adaptive'] = exp.ratio_control
     self.controllers = control.chain(**parts)
     # streams in wall-clock: this process's workers wait for their data before each step
-    local = exp.workers.local_workers()
-    self.arrivals = exp.batching.arrivals(local) if exp.realtime else None
-    self.local = np.asarray(local)
+    self.arrivals = exp.batching.arrivals(exp.workers.local_workers()) if exp.realtime else None
     self.state = self.controllers.init()
     self.noise = Noise(exp)
     self.saved = None  # a copy of the train state an exploration started from
@@ -77,7 +75,8 @@ class Host:
     (with streams in wall-clock, first the wait for this process's data: `data_wait_s`)."""
     waited = {}
     if self.arrivals is not None:
-      wait = float(self.arrivals.take(plan.counts[self.local], time.perf_counter()).max())
+      mine = np.asarray(self.exp.workers.local_workers())
+      wait = float(self.arrivals.take(plan.counts[mine], time.perf_counter()).max())
       time.sleep(wait)
       waited['data_wait_s'] = wait
     arrays, injected = put_batch(self.exp, t, plan.batches, plan.lr_scale, plan.counts)
