@@ -13,7 +13,7 @@ Calibration, on the same hosts:
 - the link's α and β, fitted to all-reduces across the hosts
   (`calibrate_link.py`), which every run's records price their collectives on;
 - each host's step as a line in its batch, a_k + b / v_k: every host trains
-  alone (one process, one worker, no collectives) at two batch sizes
+  alone, one after the other (one process, one worker, no collectives) at two batch sizes
   (`--calibrate_batches`), and the line through their median steps gives its
   fixed seconds a step a_k (the loop on the host, dispatch: on a small share
   they are tens of ms) and its examples a second v_k (`host_line`).
@@ -138,7 +138,11 @@ def run(hosts: netns.Hosts, name: str, overrides: dict, profile: str) -> str:
 
 
 def calibrate_hosts(hosts: netns.Hosts, config: list[str]) -> list[tuple[float, float]]:
-  """Each host's (a_k, v_k): fixed seconds a step and examples a second, trained alone."""
+  """Each host's (a_k, v_k): fixed seconds a step and examples a second, trained alone, one
+  host at a time: run together, the busy hosts' groups would take CPU time from the 0.1-core
+  one (a quota caps a group's share but does not reserve it; 1 + 0.85 + 0.1 cores of a
+  2-core machine leave little beside the bench), which in the training runs, where the fast
+  hosts wait for it, has its share."""
   from jaxdist.train import metrics
 
   steps, medians = FLAGS.calibration_steps, []
@@ -150,7 +154,9 @@ def calibrate_hosts(hosts: netns.Hosts, config: list[str]) -> list[tuple[float, 
       f'--config.steps={steps}', f'--config.eval_every={steps}', '--config.noise_every=0',
       f'--config.checkpoint_every={steps}', '--config.progress=False', '--cpu_devices=1',
     ] for i in range(hosts.k)]  # fmt: skip
-    hosts.launch(commands, folder, _env(), FLAGS.timeout_s)
+    for i in range(hosts.k):  # the fastest first: it writes the compilation cache the others read
+      alone = [c if j == i else None for j, c in enumerate(commands)]
+      hosts.launch(alone, folder, _env(), FLAGS.timeout_s)
     medians.append([
       statistics.median(
         r['step_s'] for r in metrics.read_jsonl(f'{folder}/h{i}/metrics.jsonl')[FLAGS.skip : -1]

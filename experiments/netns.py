@@ -217,30 +217,33 @@ class Hosts:
     self.procs.append(p)
     return p
 
-  def launch(self, commands: list[list[str]], logdir: str, env: dict, timeout_s: float) -> None:
+  def launch(
+    self, commands: list[list[str] | None], logdir: str, env: dict, timeout_s: float
+  ) -> None:
     """Runs commands[i] in host i, each writing `logdir/process<i>.log`; raises if one fails.
 
     Args:
-      commands: one command per host.
+      commands: one command per host (None: that host runs nothing).
       logdir: where the logs go (made if missing).
       env: the processes' environment.
       timeout_s: the most all of them may take together
         (`subprocess.TimeoutExpired` after it; `close` kills what is left).
     """
     os.makedirs(logdir, exist_ok=True)
-    logs = [open(os.path.join(logdir, f'process{i}.log'), 'w') for i in range(self.k)]  # noqa: SIM115
+    running = [i for i, cmd in enumerate(commands) if cmd is not None]
+    logs = {i: open(os.path.join(logdir, f'process{i}.log'), 'w') for i in running}  # noqa: SIM115
     deadline = time.perf_counter() + timeout_s
     try:
-      procs = [
-        self.popen(i, cmd, env=env, stdout=logs[i], stderr=subprocess.STDOUT)
-        for i, cmd in enumerate(commands)
-      ]
-      for p in procs:
+      procs = {
+        i: self.popen(i, commands[i], env=env, stdout=logs[i], stderr=subprocess.STDOUT)
+        for i in running
+      }
+      for p in procs.values():
         p.wait(timeout=max(1.0, deadline - time.perf_counter()))
     finally:
-      for f in logs:
+      for f in logs.values():
         f.close()
-    failed = [i for i, p in enumerate(procs) if p.returncode != 0]
+    failed = [i for i, p in procs.items() if p.returncode != 0]
     if failed:
       with open(os.path.join(logdir, f'process{failed[0]}.log')) as f:
         tail = f.read()[-3000:]
