@@ -63,13 +63,6 @@ def pytest_configure(config):
       jax.config.update(MIN_COMPILE_S.lower(), float(os.environ[MIN_COMPILE_S]))
 
 
-def pytest_collection_modifyitems(config, items):
-  """The `slow` tests first, the rest in their order: xdist hands tests out in this order, so
-  the longest start while the many short ones fill in beside them, rather than one of them
-  keeping a worker busy alone at the end."""
-  items.sort(key=lambda item: item.get_closest_marker('slow') is None)
-
-
 def pytest_unconfigure(config):
   for path in _made_cache:
     shutil.rmtree(path, ignore_errors=True)

@@ -241,7 +241,16 @@ class Arrivals:
     self.dropped = np.zeros_like(self.rates)
 
   def take(self, batches: Sequence[int] | np.ndarray, now_s: float) -> np.ndarray:
-    """Takes each device's batch at `now_s`; [K] seconds until each holds it."""
+    """Takes each device's batch at `now_s`.
+
+    Args:
+      batches: [K] examples each device takes (>= 0).
+      now_s: the time of the take, seconds on the caller's monotonic clock
+        (the first take starts the streams, buffers empty).
+
+    Returns:
+      [K] seconds until each device holds its batch (0: it is buffered).
+    """
     b = np.asarray(batches, np.float64)
     if b.shape != self.rates.shape or np.any(~(b >= 0)):
       raise ValueError(f'Arrivals.take: batches must be [K] examples >= 0, got {batches}')
