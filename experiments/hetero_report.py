@@ -96,23 +96,16 @@ def stream_timeline(records: list[dict], lines, comm: str, config: dict):
   each step the streams' wait for data (`jd.control.streams`, the barrier W), then every host
   computes its batch, a_k + b_k / v_k, and the step ends with the slowest and its
   communication; the streams then advance by that step. (finish_s, compute_s, wait_s) [T, K],
-  a host's wait being W and its wait for the slowest."""
+  a host's wait being W and its wait for the slowest. The streams are the run's own, built
+  from its `config.json` as the trainer built them."""
   from types import SimpleNamespace
 
-  from jaxdist import control
+  import ml_collections
 
-  k, section = len(lines), dict(config['streams'])
-  text = str(config['cluster']['stream_rates'])
-  rates = (
-    control.stream_rates(text.upper(), k, seed=config['seed']) if text.upper() in
-    control.RATE_SETS else [float(v) for v in text.split(',')]
-  )  # fmt: skip
-  model = control.streams(
-    rates, base_batch=config['batch_size'], b_min=section['b_min'],
-    b_max=section['b_max'] or config['batch_size'], buffer=section['buffer'],
-    interval_s=section['interval_s'],
-    policy='proportional' if config['batching'] == 'stream' else 'fixed',
-  )  # fmt: skip
+  from jaxdist.train.factory import cluster as cluster_lib
+
+  k, cfg = len(lines), ml_collections.ConfigDict(config)
+  model = cluster_lib.build_batching(cfg, cluster_lib.build_cluster(cfg.cluster, k))
   fixed, speeds = (np.asarray(v) for v in zip(*lines, strict=True))
   state, clock, out = model.init(k), 0.0, SimpleNamespace(finish_s=[], compute_s=[], wait_s=[])
   for r in records:

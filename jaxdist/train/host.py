@@ -57,7 +57,8 @@ class Host:
       parts['adaptive'] = exp.ratio_control
     self.controllers = control.chain(**parts)
     # streams in wall-clock: this process's workers wait for their data before each step
-    self.arrivals = exp.batching.arrivals(exp.workers.local_workers()) if exp.realtime else None
+    self.mine = np.asarray(exp.workers.local_workers()) if exp.realtime else None
+    self.arrivals = exp.batching.arrivals(self.mine) if exp.realtime else None
     self.state = self.controllers.init()
     self.noise = Noise(exp)
     self.saved = None  # a copy of the train state an exploration started from
@@ -75,8 +76,7 @@ class Host:
     (with streams in wall-clock, first the wait for this process's data: `data_wait_s`)."""
     waited = {}
     if self.arrivals is not None:
-      mine = np.asarray(self.exp.workers.local_workers())
-      wait = float(self.arrivals.take(plan.counts[mine], time.perf_counter()).max())
+      wait = float(self.arrivals.take(plan.counts[self.mine], time.perf_counter()).max())
       time.sleep(wait)
       waited['data_wait_s'] = wait
     arrays, injected = put_batch(self.exp, t, plan.batches, plan.lr_scale, plan.counts)

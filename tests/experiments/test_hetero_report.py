@@ -77,10 +77,15 @@ def test_the_model_of_local_sgd_waits_only_at_the_synchronising_steps():
 
 def test_the_model_of_a_streamed_run_waits_for_data_then_for_the_slowest_by_hand():
   # streams of 100, 400, 400 a second, B / K = 32 each, truncation at 0.2 s (20, 80, 80)
-  config = {
-    'seed': 0, 'batch_size': 96, 'batching': 'uniform', 'cluster': {'stream_rates': '100,400,400'},
-    'streams': {'b_min': 8, 'b_max': 0, 'buffer': 'truncation', 'interval_s': 0.2},
-  }  # fmt: skip
+  from jaxdist.train import factory
+
+  config = factory.record(
+    factory.load_config(
+      f'{REPO}/configs/digits.py:runlocal,workers=3',
+      batch_size=96,
+      **{'cluster.stream_rates': '100,400,400', 'streams.interval_s': 0.2},
+    )
+  )  # the run's config.json
   line = hetero_report.stream_timeline(_records(2), LINES, 'comm_s@x', config)
   slow = 0.03 + 32 / 300
   # step 1: empty buffers, 32 / 100 s for the slow stream; then the slowest host and 10 ms
